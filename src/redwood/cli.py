@@ -15,21 +15,89 @@ from redwood.errors import RedwoodError
 # --- plan / export (planner issue) -------------------------------------------------
 
 def _add_plan(sub):
-    p = sub.add_parser("plan", help="plan a DP-optimal draft tree")
+    p = sub.add_parser("plan", help="plan a DP-optimal draft tree",
+                       description="Plan the Sequoia DP-optimal draft tree for an acceptance "
+                       "vector; with a latency profile, also choose its size for this hardware.")
+    p.add_argument("--acceptance", required=True, metavar="A.json",
+                   help="acceptance vector JSON ('sample' = the shipped sample)")
+    p.add_argument("--budget", required=True, type=int, metavar="N",
+                   help="tree nodes incl. the root (with --profile: the largest budget to consider)")
+    p.add_argument("--max-depth", required=True, type=int, metavar="D",
+                   help="most levels, the root being level 1")
+    p.add_argument("--profile", metavar="P.json",
+                   help="latency profile JSON ('sample' = the shipped sample): choose (n, d) "
+                   "for the most tokens per second over the measured budgets")
+    p.add_argument("--out", metavar="tree.json", help="write the tree JSON here")
+    p.add_argument("--plot", metavar="F.png", help="write a picture of the tree and the plan")
     p.set_defaults(func=_cmd_plan)
 
 
 def _cmd_plan(args):
-    raise RedwoodError("plan: not implemented yet")
+    from redwood import formats, planner, render
+
+    def resolve(path, sample):
+        return sample() if path == "sample" else path
+
+    acceptance = formats.Acceptance.load(resolve(args.acceptance, formats.sample_acceptance_path))
+    p, choice = acceptance.p, None
+    if args.profile:
+        profile = formats.Profile.load(resolve(args.profile, formats.sample_profile_path))
+        choice = planner.choose_tree(acceptance, profile, args.budget, args.max_depth)
+        tree, table = choice.tree, choice.table
+    else:
+        table = planner.dp_table(acceptance, args.budget, args.max_depth)
+        tree = table.tree(table.budget, table.max_depth)
+    tree.source.update({"acceptance": str(args.acceptance), "profile": args.profile})
+    print(tree.render(p))
+    print(render.describe_tree(tree, p))
+    if choice is not None:
+        print()
+        print(render.format_candidates(choice))
+    try:
+        if args.out:
+            tree.save(args.out, p)
+            print(f"wrote {args.out}")
+        if args.plot:
+            render.save_plan_figure(args.plot, tree, table, p=p, choice=choice)
+            print(f"wrote {args.plot}")
+    except OSError as exc:
+        raise RedwoodError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    return 0
 
 
 def _add_export(sub):
-    p = sub.add_parser("export", help="export a tree for other serving engines")
+    p = sub.add_parser("export", help="export a tree for other serving engines",
+                       description="Print a tree JSON as a vLLM speculative_token_tree "
+                       "(list of tuples of 0-based ranks), Medusa choices, or tree JSON.")
+    p.add_argument("tree", metavar="tree.json", help="tree JSON written by `redwood plan`")
+    p.add_argument("--format", choices=["vllm", "medusa", "json"], default="vllm")
+    p.add_argument("--max-depth", type=int, metavar="D",
+                   help="reject trees with more levels than this (root = level 1)")
+    p.add_argument("--out", metavar="FILE", help="write here instead of printing")
     p.set_defaults(func=_cmd_export)
 
 
 def _cmd_export(args):
-    raise RedwoodError("export: not implemented yet")
+    import json
+
+    from redwood.tree import Tree
+
+    tree = Tree.load(args.tree, max_depth=args.max_depth)
+    if args.format == "vllm":
+        text = str(tree.to_vllm())
+    elif args.format == "medusa":
+        text = json.dumps(tree.to_medusa())
+    else:
+        text = json.dumps(tree.to_dict(), indent=1)
+    if not args.out:
+        print(text)
+        return 0
+    try:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        raise RedwoodError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    return 0
 
 
 # --- generate / demo (engine issue) --------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from redwood.errors import RedwoodError
+from redwood import sampling
 from redwood.sampling import greedy_children, process_logits, propose_children
 
 ALPHA = 1e-3
@@ -150,28 +151,44 @@ def draw_rows(q, k, replacement, draws, seed):
     return Counter(map(tuple, tokens.tolist()))
 
 
+@pytest.fixture(params=[64, 1], ids=["head64", "head1"])
+def head_width(request, monkeypatch):
+    """Children are drawn from the most probable HEAD_WIDTH tokens plus a separately
+    handled tail in blocks; small widths send most draws through the tail code, and
+    blocks of 2 tokens make the tail span several blocks."""
+    monkeypatch.setattr(sampling, "HEAD_WIDTH", request.param)
+    if request.param < 8:
+        monkeypatch.setattr(sampling, "TAIL_BLOCK", 2)
+    return request.param
+
+
+def draw_count(head_width):
+    return 30000 if head_width >= 8 else 5000        # tail draws run a Python loop per row
+
+
 @pytest.mark.parametrize("q,k", [([0.5, 0.2, 0.15, 0.1, 0.05], 3),
                                  ([0.02, 0.9, 0.05, 0.03], 3),
                                  ([0.0, 0.6, 0.0, 0.3, 0.1], 2),
                                  ([3.0, 1.0, 1.0, 5.0], 4)])          # unnormalised is fine
-def test_without_replacement_is_sequential_law(q, k):
+def test_without_replacement_is_sequential_law(q, k, head_width):
     q32 = np.asarray(torch.tensor(q, dtype=torch.float32).double())
-    draws = 30000
-    assert_law(draw_rows(q, k, False, draws, seed=len(q) * 10 + k), sequential_law(q32, k), draws)
+    draws = draw_count(head_width)
+    counts = draw_rows(q, k, False, draws, seed=len(q) * 10 + k + head_width)
+    assert_law(counts, sequential_law(q32, k), draws)
 
 
-def test_draft_exhausted_fills_uniformly():
+def test_draft_exhausted_fills_uniformly(head_width):
     """Support 2, four children: the support first (in sequential order), then two
     distinct tokens uniformly from the other four."""
     q = [0.0, 0.7, 0.0, 0.0, 0.3, 0.0]
-    draws = 30000
-    counts = draw_rows(q, 4, False, draws, seed=5)
+    draws = draw_count(head_width)
+    counts = draw_rows(q, 4, False, draws, seed=5 + head_width)
     assert all(len(set(row)) == 4 for row in counts)
     assert all(set(row[:2]) == {1, 4} for row in counts)
     assert_law(counts, sequential_law(q, 4), draws)
 
 
-def test_more_children_than_vocabulary():
+def test_more_children_than_vocabulary(head_width):
     q = [0.1, 0.0, 0.9]
     counts = draw_rows(q, 5, False, 3000, seed=6)
     for row in counts:
@@ -179,7 +196,7 @@ def test_more_children_than_vocabulary():
         assert set(row[3:]) <= {0, 1, 2}
 
 
-def test_exhausted_on_a_real_sized_vocabulary():
+def test_exhausted_on_a_real_sized_vocabulary(head_width):
     vocab = 151936
     q = torch.zeros(3, vocab)
     q[:, [10, 20]] = torch.tensor([0.25, 0.75])
@@ -192,12 +209,12 @@ def test_exhausted_on_a_real_sized_vocabulary():
 
 
 @pytest.mark.parametrize("q,k", [([0.5, 0.3, 0.2], 2), ([0.1, 0.0, 0.6, 0.3], 3)])
-def test_with_replacement_is_iid(q, k):
+def test_with_replacement_is_iid(q, k, head_width):
     q = np.asarray(q) / np.sum(q)
     law = {combo: float(np.prod(q[list(combo)]))
            for combo in itertools.product(range(len(q)), repeat=k)}
-    draws = 30000
-    assert_law(draw_rows(q.tolist(), k, True, draws, seed=8 + k), law, draws)
+    draws = draw_count(head_width)
+    assert_law(draw_rows(q.tolist(), k, True, draws, seed=8 + k + head_width), law, draws)
 
 
 def test_same_seed_same_children():

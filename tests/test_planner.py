@@ -69,7 +69,7 @@ def test_enumeration_respects_limits():
 
 
 p_vectors = st.integers(1, 4).flatmap(lambda w: st.tuples(
-    st.lists(st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.5, 0.8]) | st.floats(0, 1), min_size=w,
+    st.lists(st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.5, 0.8]) | st.floats(1e-9, 1), min_size=w,
              max_size=w),
     st.floats(0.05, 1.0)))
 
@@ -81,32 +81,39 @@ def _normalise(raw):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p_vectors)
-def test_dp_equals_brute_force(raw):
+@given(p_vectors, st.booleans())
+def test_dp_equals_brute_force(raw, descending):
     p = _normalise(raw)
+    if descending:                         # sorted p takes the size-bound path of the DP
+        p = np.sort(p)[::-1]
     W, N, D = len(p), 8, 5
-    table = dp_table(p, N, D)
+    tables = [dp_table(p, N, D), dp_table(p, N, D, size_bound=False)]
     for d in range(1, D + 1):
         for n in range(1, N + 1):
             trees = all_trees(n, d, W)
             if not trees:
-                assert table.values[n, d] == -np.inf
+                assert all(t.values[n, d] == -np.inf for t in tables)
                 continue
             best = max(nested_value(t, p) for t in trees)
-            assert table.values[n, d] == pytest.approx(best, rel=1e-12, abs=1e-12)
-            tree = table.tree(n, d)
-            assert len(tree) == n and tree.num_levels <= d and tree.max_width <= W
-            assert tree.expected_length(p) == pytest.approx(best, rel=1e-12, abs=1e-12)
+            for table in tables:
+                assert table.values[n, d] == pytest.approx(best, rel=1e-12, abs=1e-12)
+                tree = table.tree(n, d)
+                assert len(tree) == n and tree.num_levels <= d and tree.max_width <= W
+                assert tree.expected_length(p) == pytest.approx(best, rel=1e-12, abs=1e-12)
 
 
+@pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("seed,N,D,W", [(0, 40, 7, 6), (1, 30, 30, 3), (2, 25, 4, 12)])
-def test_vectorised_dp_equals_loop_oracle(seed, N, D, W):
+def test_vectorised_dp_equals_loop_oracle(seed, N, D, W, descending):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(W + 1))[:W]
     p[rng.integers(W)] = 0.0                 # a zero rate exercises the 0 * -inf guard
-    fast = dp_table(p, N, D).values
+    if descending:
+        p = np.sort(p)[::-1]
     slow = np.array(reference_values(p, N, D))
-    np.testing.assert_allclose(fast[1:, 1:], slow[1:, 1:], rtol=1e-12, atol=1e-12)
+    for size_bound in (True, False):
+        fast = dp_table(p, N, D, size_bound=size_bound).values
+        np.testing.assert_allclose(fast[1:, 1:], slow[1:, 1:], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))

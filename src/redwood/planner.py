@@ -11,10 +11,16 @@ tree's expected tokens per step is the sum of node values (root 1). Conventions:
 The DP of DESIGN.md §1: T[m][l][b] = best value of a tree with m nodes, at most l levels and
 exactly b root children (ordered by rank); T[1][l][0] = 1 and, for b >= 1,
     T[m][l][b] = max_{1 <= y < m} T[y][l][b-1] + p_b * G[m-y][l-1],   G[m][l] = max_b T[m][l][b]
-(the b-th child takes the last m - y nodes). For each (l, b) the max over y for every m at
-once is one max-plus product of the vector T[.][l][b-1] with the Toeplitz matrix
-G[m-y][l-1], so a single pass costs O(n^2 d W) numpy work and yields G(n, d) for every
-n <= budget and d <= max_depth.
+(the b-th child takes the last m - y nodes). Written with k = m - y, the size of the b-th
+child's subtree, every m at once is one max-plus product: out[m, k] = T[m-k][l][b-1] +
+p_b * G[k][l-1], read through a strided (Toeplitz) view of the vector T[.][l][b-1], then an
+argmax over k. One pass yields G(n, d) for every n <= budget and d <= max_depth.
+
+Exact size bound (used when p is non-increasing, as measured vectors are): swapping two
+children's subtrees so the larger one sits at the smaller rank never lowers the value, so
+some optimal tree has child sizes non-increasing in rank at every node; then the b-th
+child has at most (m - 1) / b nodes. Searching only k <= (m - 1) / b cuts the work from
+~n^2 W / 2 to ~n^2 ln W per level and still finds an optimum. Unsorted p searches every k.
 """
 from __future__ import annotations
 
@@ -78,42 +84,83 @@ class DPTable:
         return sizes[::-1]
 
 
-def dp_table(p, budget: int, max_depth: int) -> DPTable:
-    """Run the DP once for every n <= budget and d <= max_depth (W = len(p))."""
+def dp_table(p, budget: int, max_depth: int, size_bound: bool = True) -> DPTable:
+    """Run the DP once for every n <= budget and d <= max_depth (W = len(p)).
+
+    size_bound: use the exact bound k <= (m - 1) / b when p is non-increasing (module doc);
+    False searches every split, as the plain recurrence does (for benchmarks and tests).
+    """
     p = _as_p(p)
     budget, max_depth = _check_size(budget, "budget"), _check_size(max_depth, "max_depth")
     N, D, W = budget, max_depth, len(p)
+    bounded = size_bound and bool(np.all(np.diff(p) <= 0))
     values = np.full((D + 1, N + 1), -np.inf)    # G by level first: values[l, m]
     values[1:, 1] = 1.0                          # the root alone
     best_children = np.zeros((D + 1, N + 1), dtype=np.int32)
     split = np.zeros((D + 1, W + 1, N + 1), dtype=np.int32)
     m = np.arange(N + 1)
-    size_left = m[:, None] - m[None, :]          # [m, y] -> m - y, nodes left for child b
-    usable = (m[None, :] >= 1) & (size_left >= 1)
-    gather = np.clip(size_left, 0, N)
-    scratch = np.empty((N + 1, N + 1))
+    work = _Workspace(N)
     for l in range(2, D + 1):
-        # sub[m, y] = G(m - y, l - 1): best last subtree; -inf where it does not exist
-        sub = np.where(usable, values[l - 1][gather], -np.inf)
-        sub_is_tree = np.where(np.isfinite(sub), 0.0, -np.inf)   # for p_b == 0 (0 * -inf = nan)
+        sub = values[l - 1]                      # sub[k] = G(k, l-1), best child subtree of k nodes
+        sub_exists = np.isfinite(sub)
+        sub_or_zero = np.where(sub_exists, sub, 0.0)
+        missing = np.where(sub_exists, 0.0, -np.inf)
         row = np.full(N + 1, -np.inf)            # T[.][l][0]: only the root alone
         row[1] = 1.0
         best = row.copy()
         for b in range(1, min(W, N - 1) + 1):
-            if p[b - 1] > 0:
-                np.multiply(sub, p[b - 1], out=scratch)
-            else:
-                scratch[...] = sub_is_tree
-            scratch += row[None, :]              # [m, y]: T[y][l][b-1] + p_b * G(m-y, l-1)
-            ys = scratch.argmax(axis=1)
-            row = scratch[m, ys]
-            split[l, b] = ys
+            # child_value[k] = p_b * G(k, l-1), -inf where no subtree (and no 0 * -inf = nan)
+            child_value = p[b - 1] * sub_or_zero + missing
+            kmax = (N - 1) // b if bounded else N - 1
+            sizes, row = work.best_last_child(row, child_value, kmax, b + 1)
+            split[l, b] = m - sizes              # y = nodes kept by the root and children < b
             better = row > best                  # strict: ties keep fewer children
             best = np.where(better, row, best)
-            best_children[l] = np.where(better, b, best_children[l])
+            best_children[l][better] = b
         values[l] = best
     return DPTable(p=p, budget=N, max_depth=D, values=values.T.copy(),
                    best_children=best_children, split=split)
+
+
+class _Workspace:
+    """Buffers reused across the DP's (level, b) steps: one max-plus product per step.
+
+    best_last_child: for every m >= first, k[m] = argmax over 1 <= k <= min(kmax, m - 1) of
+    row[m - k] + child_value[k], and that value (k = 0 and -inf for m < first).
+    window[m, t] = row[m - (kmax - t)] is a strided view (no copy) of `row` behind N
+    entries of -inf; rows go in blocks small enough for the add and the argmax to share
+    the CPU cache, and a block ending at row m1 reads only the columns with k <= m1 - 1.
+    """
+
+    BLOCK_ELEMENTS = 1 << 16      # rows per block * columns: 512 KiB of float64
+    MIN_ROWS = 8
+
+    def __init__(self, n: int):
+        self.n = n
+        self.padded = np.full(2 * n + 1, -np.inf)      # padded[n + j] = row[j]
+        self.scratch = np.empty(max(self.BLOCK_ELEMENTS, self.MIN_ROWS * (n + 1)))
+        self.index = np.arange(n + 1)
+
+    def best_last_child(self, row, child_value, kmax, first):
+        n, size, item = self.n, self.n + 1, self.padded.itemsize
+        self.padded[n:] = row
+        start = self.padded[n - kmax:]                   # window[m, t] = start[m + t]
+        window = np.ndarray((size, kmax), dtype=np.float64, buffer=start,
+                            strides=(item, item))
+        tail = child_value[kmax:0:-1]                    # tail[t] = child_value[kmax - t]
+        sizes = np.zeros(size, dtype=np.int64)
+        value = np.full(size, -np.inf)
+        rows = max(self.MIN_ROWS, self.BLOCK_ELEMENTS // max(kmax, 1))
+        for m0 in range(first, size, rows):
+            m1 = min(m0 + rows, size)
+            t0 = max(0, kmax - (m1 - 1))                 # skip k > m1 - 1
+            cols = kmax - t0
+            block = self.scratch[: (m1 - m0) * cols].reshape(m1 - m0, cols)
+            np.add(window[m0:m1, t0:], tail[None, t0:], out=block)   # [rows, k]: T + p_b G
+            t = block.argmax(axis=1)
+            value[m0:m1] = block.ravel()[self.index[: m1 - m0] * cols + t]
+            sizes[m0:m1] = cols - t
+        return sizes, value
 
 
 def optimal_tree(p, budget: int, max_depth: int) -> Tree:

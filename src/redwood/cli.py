@@ -123,12 +123,66 @@ def _cmd_demo(args):
 # --- serve (server issue) ------------------------------------------------------------
 
 def _add_serve(sub):
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                       description="Serve /v1/completions, /v1/chat/completions, /v1/models, "
+                       "/health and /metrics (Prometheus) with tree speculative decoding.")
+    p.add_argument("--model", default=None,
+                   help="shipped model pair to serve (default: qwen2.5-coder)")
+    p.add_argument("--target", default=None, help="target model: HF directory or .gguf file")
+    p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
+    p.add_argument("--tree", default=None,
+                   help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+    p.add_argument("--method", default="sequoia",
+                   choices=["sequoia", "specinfer", "chain", "autoregressive"])
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $REDWOOD_API_KEY if set)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait for the engine; more get HTTP 429 (default 16)")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="max_tokens for requests that give none (default 256)")
+    p.add_argument("--served-name", default=None,
+                   help="model id shown in /v1/models and responses (default: the model's name)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args):
-    raise RedwoodError("serve: not implemented yet")
+    import os
+    from pathlib import Path
+
+    if args.tree == "auto":
+        raise RedwoodError("--tree auto is not available in this version; give a tree JSON "
+                           "(redwood plan ...) or omit --tree for the default tree")
+    if args.model is not None and (args.target or args.draft):
+        raise RedwoodError("give either --model or --target/--draft, not both")
+    if args.tree is not None and not Path(args.tree).is_file():
+        raise RedwoodError(f"tree file {args.tree} does not exist; make one with `redwood plan`")
+    if not 0 <= args.port < 65536:
+        raise RedwoodError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    from redwood.server import ServerConfig, create_app, run_server
+
+    config = ServerConfig(
+        model_name=args.served_name or args.model or (Path(args.target).name if args.target
+                                                      else "qwen2.5-coder"),
+        method=args.method, max_queue=args.max_queue, default_max_tokens=args.max_tokens,
+        api_key=args.api_key or os.environ.get("REDWOOD_API_KEY") or None,
+        host=args.host, port=args.port)
+    from redwood.engine import Engine
+    from redwood.models import load_pair
+
+    target, draft, tokenizer = load_pair(args.model, target=args.target, draft=args.draft,
+                                         dtype=args.dtype, device=args.device)
+    engine = Engine(target, draft, args.tree)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
+              "port can use the model", file=sys.stderr)
+    print(f"redwood serve: {config.model_name} ({args.method}, tree of {len(engine.tree)} nodes) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    run_server(create_app(engine, tokenizer, config), config)
 
 
 # -------------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""Incremental detokenisation with stop strings, for streaming text as tokens arrive.
+
+Decoding token by token is wrong for byte-level BPE: one character can span several tokens
+(the partial bytes decode to U+FFFD) and a tokenizer may merge spaces across token boundaries.
+So we decode the whole generated id list each time and emit only the new suffix, holding back
+(a) a trailing U+FFFD, which may be an incomplete UTF-8 character, and (b) any tail that could
+still grow into a stop string, so a stop string never leaks to the client in pieces.
+"""
+from __future__ import annotations
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalText:
+    """Feed generated token ids with `add`; it returns the text that is now safe to emit.
+
+    After a stop string appears, `stopped` is True, the text is cut just before it and
+    `n_tokens` is the fewest tokens whose text contains it (the usage count), so the result
+    does not depend on how many tokens a speculative step happened to yield.
+    """
+
+    def __init__(self, tokenizer, stop: list[str] | None = None):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.tokens: list[int] = []
+        self.text = ""          # all text decoded so far (cut at the stop string once stopped)
+        self.emitted = 0        # characters of self.text already returned
+        self.stopped = False
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, new_ids: list[int]) -> str:
+        if self.stopped or not new_ids:
+            return ""
+        previous_count = len(self.tokens)
+        self.tokens.extend(int(t) for t in new_ids)
+        self.text = self._decode(self.tokens)
+        cut = self._find_stop(self.text)
+        if cut is not None:
+            self.stopped = True
+            self.text = self.text[:cut]
+            self._trim_tokens_to_stop(previous_count)
+            return self._take(len(self.text))
+        return self._take(self._safe_end(self.text))
+
+    def finish(self) -> str:
+        """The rest of the text at the end of generation (nothing more is held back)."""
+        return self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        delta = self.text[self.emitted:end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return delta
+
+    def _find_stop(self, text: str) -> int | None:
+        # Held-back text never contains the start of a stop string that was already emitted,
+        # so searching from the emitted position (minus nothing) finds every new match.
+        hits = [i for i in (text.find(s, self.emitted) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def _safe_end(self, text: str) -> int:
+        end = len(text)
+        while end > self.emitted and text[end - 1] == _REPLACEMENT:
+            end -= 1
+        for held in range(min(end - self.emitted, max((len(s) for s in self.stop), default=0)), 0, -1):
+            tail = text[end - held:end]
+            if any(s.startswith(tail) for s in self.stop):
+                return end - held
+        return end
+
+    def _trim_tokens_to_stop(self, previous_count: int) -> None:
+        # The stop string was not in the first previous_count tokens; find the first prefix
+        # of the new ones whose text contains it. Bounded by the tokens of one step.
+        for count in range(previous_count + 1, len(self.tokens)):
+            prefix_text = self._decode(self.tokens[:count])
+            if any(s in prefix_text[self.emitted:] for s in self.stop):
+                del self.tokens[count:]
+                return

@@ -1,0 +1,279 @@
+"""OpenAI-compatible HTTP server over the engine (FastAPI + uvicorn).
+
+    app = create_app(engine, tokenizer, ServerConfig(model_name="qwen2.5-coder"))
+    run_server(app, ServerConfig(...))      # or uvicorn.Server(...) in tests
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (OpenAI request/response shapes,
+`stream` as server-sent events ending in `data: [DONE]`, `usage`, and an extra `redwood` field
+with the speculative stats), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+Generation happens in one worker thread (server_worker.py); requests wait in a bounded queue
+and get a 429 when it is full.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from redwood.metrics import ServerMetrics
+from redwood.openai_requests import APIError, GenerationRequest, parse_request
+from redwood.server_worker import GenerationWorker, Job, Outcome, QueueFull
+
+_DISCONNECT_POLL_SECONDS = 0.25     # how often a waiting handler checks its client is still there
+
+
+@dataclass
+class ServerConfig:
+    model_name: str = "redwood"             # the id in /v1/models and in responses
+    method: str = "sequoia"                 # engine method for every request
+    max_queue: int = 16                     # waiting requests beyond the one generating
+    api_key: str | None = None              # when set, every endpoint but /health needs it
+    context_length: int | None = None       # default: the target model's max_position_embeddings
+    default_max_tokens: int = 256           # when a request gives no max_tokens
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self):
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {self.max_queue}")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+
+
+def _model_limits(engine, tokenizer, config: ServerConfig) -> tuple[int, int]:
+    """(context length, vocabulary size) that requests are checked against.
+
+    The engine needs room for the prompt, the new tokens and one tree beyond them, so the
+    usable context is the model's positions minus the tree's depth."""
+    target = getattr(engine, "target", None)
+    target_config = getattr(target, "config", None)
+    vocab = getattr(target_config, "vocab_size", None) or len(tokenizer)
+    context = config.context_length
+    if context is None:
+        positions = getattr(engine, "max_positions", None) or getattr(
+            target_config, "max_position_embeddings", None)
+        tree = getattr(engine, "tree", None)
+        if not positions:
+            raise ValueError("cannot tell the model's context length: set ServerConfig.context_length")
+        context = positions - (tree.num_levels if tree is not None else 0)
+    return int(context), int(vocab)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _next_event(job: Job, request) -> tuple[str, object]:
+    """Wait for the worker's next event; if the client disconnects meanwhile, cancel the job."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), _DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                raise _ClientGone() from None
+
+
+def _usage(outcome: Outcome) -> dict:
+    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+
+
+class _Responder:
+    """OpenAI response and chunk shapes for one request."""
+
+    def __init__(self, req: GenerationRequest, model_name: str):
+        self.req, self.model = req, model_name
+        self.chat = req.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (
+            ".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def _choice(self, text: str | None, finish: str | None, chunk: bool, role: bool = False) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if chunk:
+            delta = ({"role": "assistant", "content": ""} if role else
+                     {"content": text} if text is not None else {})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": None, "finish_reason": finish}
+
+    def full(self, text: str, outcome: Outcome) -> dict:
+        body = self._envelope([self._choice(text, outcome.finish_reason, chunk=False)], chunk=False)
+        body["usage"] = _usage(outcome)
+        body["redwood"] = outcome.speculative
+        return body
+
+    def first_chunk(self) -> dict | None:
+        return self._envelope([self._choice(None, None, chunk=True, role=True)], True) \
+            if self.chat else None
+
+    def text_chunk(self, text: str) -> dict:
+        return self._envelope([self._choice(text, None, chunk=True)], chunk=True)
+
+    def final_chunks(self, outcome: Outcome) -> list[dict]:
+        last = self._envelope([self._choice(None, outcome.finish_reason, chunk=True)], chunk=True)
+        last["redwood"] = outcome.speculative
+        if not self.req.include_usage:
+            return [last]
+        usage = self._envelope([], chunk=True)
+        usage["usage"] = _usage(outcome)
+        return [last, usage]
+
+
+def _sse(payload) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def create_app(engine, tokenizer, config: ServerConfig | None = None):
+    """A FastAPI app serving `engine` (a redwood.Engine) with `tokenizer`."""
+    config = config or ServerConfig()
+    context, vocab = _model_limits(engine, tokenizer, config)
+    metrics = ServerMetrics()
+    worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+
+    app = FastAPI(title="redwood", lifespan=lifespan)
+    app.state.metrics, app.state.worker, app.state.config = metrics, worker, config
+
+    def error_response(err: APIError, endpoint: str | None = None) -> JSONResponse:
+        if endpoint:
+            metrics.count_request(endpoint, err.status)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError):
+        return error_response(err, request.url.path)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), config.api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           type="authentication_error", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": config.model_name,
+                "queue_length": worker.queue.qsize()}
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models():
+        return {"object": "list", "data": [{"id": config.model_name, "object": "model",
+                                            "created": 0, "owned_by": "redwood"}]}
+
+    @app.get("/metrics", dependencies=[Depends(authorize)])
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    async def generate(request: Request, kind: str):
+        endpoint = request.url.path
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "the request body is not valid JSON") from None
+        req = parse_request(body, kind, tokenizer, context, vocab, config.default_max_tokens)
+        job = Job(request=req, loop=asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except QueueFull:
+            raise APIError(429, f"the server is busy: {config.max_queue} requests are already "
+                           "waiting; retry later", type="rate_limit_error",
+                           code="queue_full") from None
+        responder = _Responder(req, config.model_name)
+        try:
+            first = await _next_event(job, request)
+        except _ClientGone:
+            metrics.count_request(endpoint, 499)
+            return Response(status_code=499)
+        if first[0] == "error":
+            raise first[1]
+        if req.stream:
+            return StreamingResponse(_stream_events(job, first, responder, endpoint),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _full_response(job, request, first, responder, endpoint)
+
+    async def _full_response(job, request, event, responder, endpoint):
+        pieces = []
+        try:
+            while event[0] == "text":
+                pieces.append(event[1])
+                event = await _next_event(job, request)
+        except _ClientGone:
+            metrics.count_request(endpoint, 499)
+            return Response(status_code=499)
+        if event[0] == "error":
+            raise event[1]
+        metrics.count_request(endpoint, 200)
+        return JSONResponse(responder.full("".join(pieces), event[1]))
+
+    async def _stream_events(job, event, responder, endpoint):
+        status = 499        # unless we reach the end, the client went away
+        try:
+            opening = responder.first_chunk()
+            if opening is not None:
+                yield _sse(opening)
+            while True:
+                kind, payload = event
+                if kind == "text":
+                    yield _sse(responder.text_chunk(payload))
+                elif kind == "done":
+                    for chunk in responder.final_chunks(payload):
+                        yield _sse(chunk)
+                    status = 200
+                    break
+                else:       # an error after the 200 header went out: say so in the stream
+                    status = payload.status
+                    yield _sse(payload.body())
+                    break
+                event = await job.events.get()
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancelled.set()     # no-op when finished; frees the engine when the client left
+            metrics.count_request(endpoint, status)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(request: Request):
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(request: Request):
+        return await generate(request, "chat")
+
+    return app
+
+
+def run_server(app, config: ServerConfig) -> None:
+    """Serve `app` with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info")

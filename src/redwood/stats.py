@@ -1,0 +1,61 @@
+"""Per-generation statistics, kept apart from any logging or metrics export."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStats:
+    """Where the time of one generation went, and how much each target forward gained."""
+    target_seconds: float = 0.0       # target forwards during decoding (prefill excluded)
+    draft_seconds: float = 0.0        # draft forwards during decoding
+    other_seconds: float = 0.0        # sampling, verification, cache compaction, bookkeeping
+    target_forwards: int = 0          # decoding target forwards (prefill excluded)
+    draft_forwards: int = 0
+    # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
+    accepted_at_depth: list[int] = field(default_factory=list)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.target_seconds + self.draft_seconds + self.other_seconds
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Fraction of steps that accepted a draft token at depth 1, 2, ... of the tree."""
+        if not self.target_forwards:
+            return []
+        return [count / self.target_forwards for count in self.accepted_at_depth]
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]                 # new tokens only
+    accepted: list[int]               # tokens kept per decoding target forward (incl. the bonus)
+    stats: StepStats
+    prefill_seconds: float = 0.0
+    method: str = "sequoia"
+    finish_reason: str = "length"     # "length" | "eos" | "stopped"
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.stats.decode_seconds
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens kept per decoding target forward (prefill excluded)."""
+        return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decoding throughput: new tokens over decode time (prefill excluded)."""
+        return len(self.tokens) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "tokens": self.tokens, "accepted": self.accepted, "method": self.method,
+            "finish_reason": self.finish_reason, "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds, "tokens_per_second": self.tokens_per_second,
+            "tokens_per_step": self.tokens_per_step, "target_seconds": self.stats.target_seconds,
+            "draft_seconds": self.stats.draft_seconds, "other_seconds": self.stats.other_seconds,
+            "target_forwards": self.stats.target_forwards, "draft_forwards": self.stats.draft_forwards,
+            "acceptance_by_depth": self.stats.acceptance_by_depth(),
+        }

@@ -196,6 +196,7 @@ def test_completion_greedy_equals_offline(client, engine, tokenizer, prompt):
             response.usage.total_tokens) == (len(ids), 16, len(ids) + 16)
     stats = response.model_extra["redwood"]
     assert stats["method"] == "sequoia" and stats["target_forwards"] >= 1
+    assert {"prefill_seconds", "decode_seconds"} <= set(stats)     # the engine's own timings
     assert stats["tokens_per_target_forward"] == pytest.approx(16 / stats["target_forwards"],
                                                                abs=1e-3)
 

@@ -139,104 +139,79 @@ def _sse(payload) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine, tokenizer, config: ServerConfig | None = None):
-    """A FastAPI app serving `engine` (a redwood.Engine) with `tokenizer`."""
-    config = config or ServerConfig()
-    context, vocab = _model_limits(engine, tokenizer, config)
-    metrics = ServerMetrics()
-    worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue, metrics)
+class _Service:
+    """What the routes share: the worker, the metrics and the request limits."""
 
-    @asynccontextmanager
-    async def lifespan(app):
-        worker.start()
-        try:
-            yield
-        finally:
-            await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+    def __init__(self, engine, tokenizer, config: ServerConfig):
+        self.tokenizer, self.config = tokenizer, config
+        self.context, self.vocab = _model_limits(engine, tokenizer, config)
+        self.metrics = ServerMetrics()
+        self.worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue,
+                                       self.metrics)
 
-    app = FastAPI(title="redwood", lifespan=lifespan)
-    app.state.metrics, app.state.worker, app.state.config = metrics, worker, config
-
-    def error_response(err: APIError, endpoint: str | None = None) -> JSONResponse:
-        if endpoint:
-            metrics.count_request(endpoint, err.status)
-        return JSONResponse(err.body(), status_code=err.status)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, err: APIError):
-        return error_response(err, request.url.path)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
-
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
+    def authorize(self, request: Request) -> None:
+        if self.config.api_key is None:
             return
         header = request.headers.get("authorization", "")
         token = header[7:] if header[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), config.api_key.encode()):
+        if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key")
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": config.model_name,
-                "queue_length": worker.queue.qsize()}
+    def error_response(self, err: APIError, endpoint: str | None = None) -> JSONResponse:
+        if endpoint:
+            self.metrics.count_request(endpoint, err.status)
+        return JSONResponse(err.body(), status_code=err.status)
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
-    async def models():
-        return {"object": "list", "data": [{"id": config.model_name, "object": "model",
-                                            "created": 0, "owned_by": "redwood"}]}
-
-    @app.get("/metrics", dependencies=[Depends(authorize)])
-    async def prometheus_metrics():
-        return Response(metrics.render(), media_type=metrics.content_type)
-
-    async def generate(request: Request, kind: str):
-        endpoint = request.url.path
+    async def generate(self, request: Request, kind: str):
+        """Validate, queue, then answer in one piece or as a stream. The response starts only
+        once the worker produced something, so a request refused by the engine still gets a
+        proper 4xx/5xx status instead of a 200 stream holding an error."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, "the request body is not valid JSON") from None
-        req = parse_request(body, kind, tokenizer, context, vocab, config.default_max_tokens)
+        req = parse_request(body, kind, self.tokenizer, self.context, self.vocab,
+                            self.config.default_max_tokens)
         job = Job(request=req, loop=asyncio.get_running_loop())
         try:
-            worker.submit(job)
+            self.worker.submit(job)
         except QueueFull:
-            raise APIError(429, f"the server is busy: {config.max_queue} requests are already "
-                           "waiting; retry later", type="rate_limit_error",
+            raise APIError(429, f"the server is busy: {self.config.max_queue} requests are "
+                           "already waiting; retry later", type="rate_limit_error",
                            code="queue_full") from None
-        responder = _Responder(req, config.model_name)
+        responder = _Responder(req, self.config.model_name)
+        endpoint = request.url.path
         try:
             first = await _next_event(job, request)
         except _ClientGone:
-            metrics.count_request(endpoint, 499)
+            self.metrics.count_request(endpoint, 499)
             return Response(status_code=499)
         if first[0] == "error":
             raise first[1]
         if req.stream:
-            return StreamingResponse(_stream_events(job, first, responder, endpoint),
+            return StreamingResponse(self._stream_events(job, first, responder, endpoint),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _full_response(job, request, first, responder, endpoint)
+        return await self._full_response(job, request, first, responder, endpoint)
 
-    async def _full_response(job, request, event, responder, endpoint):
+    async def _full_response(self, job, request, event, responder, endpoint):
         pieces = []
         try:
             while event[0] == "text":
                 pieces.append(event[1])
                 event = await _next_event(job, request)
         except _ClientGone:
-            metrics.count_request(endpoint, 499)
+            self.metrics.count_request(endpoint, 499)
             return Response(status_code=499)
         if event[0] == "error":
             raise event[1]
-        metrics.count_request(endpoint, 200)
+        self.metrics.count_request(endpoint, 200)
         return JSONResponse(responder.full("".join(pieces), event[1]))
 
-    async def _stream_events(job, event, responder, endpoint):
+    async def _stream_events(self, job, event, responder, endpoint):
+        # Starlette cancels this generator when the client disconnects; `finally` then tells
+        # the worker, which closes the engine's stream at its next step.
         status = 499        # unless we reach the end, the client went away
         try:
             opening = responder.first_chunk()
@@ -259,15 +234,59 @@ def create_app(engine, tokenizer, config: ServerConfig | None = None):
             yield "data: [DONE]\n\n"
         finally:
             job.cancelled.set()     # no-op when finished; frees the engine when the client left
-            metrics.count_request(endpoint, status)
+            self.metrics.count_request(endpoint, status)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+
+def create_app(engine, tokenizer, config: ServerConfig | None = None) -> FastAPI:
+    """A FastAPI app serving `engine` (a redwood.Engine) with `tokenizer`.
+
+    The generation worker thread starts and stops with the app's lifespan; `app.state.metrics`
+    and `app.state.worker` are exposed for embedding and tests."""
+    service = _Service(engine, tokenizer, config or ServerConfig())
+    config = service.config
+
+    @asynccontextmanager
+    async def lifespan(app):
+        service.worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, service.worker.stop)
+
+    app = FastAPI(title="redwood", lifespan=lifespan)
+    app.state.metrics, app.state.worker, app.state.config = service.metrics, service.worker, config
+    auth = [Depends(service.authorize)]
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError):
+        return service.error_response(err, request.url.path)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return service.error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": config.model_name,
+                "queue_length": service.worker.queue.qsize()}
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models():
+        return {"object": "list", "data": [{"id": config.model_name, "object": "model",
+                                            "created": 0, "owned_by": "redwood"}]}
+
+    @app.get("/metrics", dependencies=auth)
+    async def prometheus_metrics():
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
-        return await generate(request, "completion")
+        return await service.generate(request, "completion")
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
-        return await generate(request, "chat")
+        return await service.generate(request, "chat")
 
     return app
 
@@ -276,4 +295,6 @@ def run_server(app, config: ServerConfig) -> None:
     """Serve `app` with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    # A bounded graceful shutdown: on Ctrl-C, streams still open get a few seconds to end.
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info",
+                timeout_graceful_shutdown=5)

@@ -137,8 +137,8 @@ class GenerationWorker:
                 delta = text.add(step_ids)
                 if delta:
                     job.post("text", delta)
-                if text.stopped or text.n_tokens >= req.max_tokens:
-                    break
+                if text.stopped:    # otherwise let the engine end by itself, which sets
+                    break           # stream.result (it stops at max_tokens or EOS)
         finally:
             stream.close()
         rest = text.finish()

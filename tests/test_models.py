@@ -170,10 +170,12 @@ def test_configure_threads_respects_user_choice(monkeypatch):
     before = torch.get_num_threads()
     try:
         monkeypatch.setenv("REDWOOD_THREADS", "1")
-        assert models.configure_threads() == 1 and torch.get_num_threads() == 1
+        assert models.configure_threads(force=True) == 1 and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert models.configure_threads() == 2      # once configured, the caller's choice stands
         monkeypatch.delenv("REDWOOD_THREADS")
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        assert 1 <= models.configure_threads() <= os.cpu_count()
+        assert 1 <= models.sensible_thread_count() <= os.cpu_count()
     finally:
         torch.set_num_threads(before)
 

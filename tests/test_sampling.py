@@ -103,6 +103,18 @@ def test_top_p_wide_vocab(vocab, scale, top_p):
         np.testing.assert_allclose(probs[row].numpy(), want, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.parametrize("top_p", [0.3, 0.75, 0.95, 0.999999])
+def test_top_p_wide_vocab_with_many_ties(top_p):
+    """Logits on a coarse grid: thousands of exact ties, nuclei far beyond 256 tokens."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.round(torch.randn(3, 3000, generator=gen) * 2) / 4
+    probs = process_logits(logits, 1.0, 0, top_p)
+    for row in range(3):
+        want = reference_probs(logits[row].numpy(), 1.0, 0, top_p)
+        assert ((probs[row] > 0) == torch.from_numpy(want > 0)).all()
+        np.testing.assert_allclose(probs[row].numpy(), want, rtol=1e-4, atol=1e-9)
+
+
 def test_ties_are_kept_whole():
     logits = torch.tensor([1.0, 3.0, 3.0, 0.0, 2.0])
     np.testing.assert_allclose(process_logits(logits, 1.0, top_k=1).numpy(), [0, .5, .5, 0, 0])

@@ -51,24 +51,58 @@ def _check_params(temperature, top_k, top_p) -> None:
 def _top_p_filter(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """Zero all but the smallest most-probable set with mass >= top_p, renormalise.
 
-    A full sort of a 151,936-token row is ~50x slower than a top-k of a few hundred,
-    and the nucleus is almost always small, so look at the most probable `width`
-    tokens first and sort everything only when they do not reach top_p.
+    A full sort of a 151,936-token row costs ~50x a top-k of a few hundred, and the
+    nucleus is usually small: read the cut from the most probable `width` tokens, and
+    only for rows they do not cover find it by bisection (_nucleus_threshold).
     probs: [..., V] float32 summing to 1 along the last axis.
     """
     vocab = probs.shape[-1]
-    width = min(vocab, max(256, top_k if top_k > 0 else 0))
-    while True:
-        head = torch.topk(probs, width, dim=-1).values              # [..., width], descending
-        mass_before = torch.cumsum(head, dim=-1) - head              # mass strictly above each
-        covered = mass_before[..., -1] + head[..., -1] >= top_p
-        if width == vocab or bool(covered.all()):
-            break
-        width = vocab
-    keep_count = (mass_before < top_p).sum(dim=-1, keepdim=True)    # [..., 1], >= 1 always
-    threshold = torch.gather(head, -1, keep_count - 1)               # least probable kept
-    kept = torch.where(probs >= threshold, probs, torch.zeros_like(probs))
-    return kept / kept.sum(dim=-1, keepdim=True)
+    flat = probs.reshape(-1, vocab)                                 # [r, V]
+    width = min(vocab, max(256, top_k))
+    head = torch.topk(flat, width, dim=-1).values.double()          # [r, w], descending
+    mass_before = torch.cumsum(head, dim=-1) - head                  # mass strictly above each
+    keep_count = (mass_before < top_p).sum(dim=-1, keepdim=True)    # [r, 1], >= 1 always
+    threshold = torch.gather(head, -1, keep_count - 1).float()       # least probable kept
+    uncovered = torch.nonzero(mass_before[:, -1] + head[:, -1] < top_p).flatten()
+    if uncovered.numel() and width < vocab:
+        threshold[uncovered] = _nucleus_threshold(flat[uncovered], top_p)
+    kept = torch.where(flat >= threshold, flat, torch.zeros_like(flat))
+    return (kept / kept.sum(dim=-1, keepdim=True)).reshape(probs.shape)
+
+
+def _nucleus_threshold(rows: torch.Tensor, top_p: float) -> torch.Tensor:
+    """rows [r, V] float32 >= 0 -> [r, 1] float32: per row the largest entry value t with
+    mass(entries >= t) >= top_p (0 if even the whole row falls short).
+
+    No sort: the bit patterns of non-negative floats order them like their values, so
+    a mass histogram over the high 16 bits finds the bucket holding t, and a histogram
+    over the low 15 bits of that bucket's few entries finds t itself, exactly.
+    Bucket masses are float32 sums (relative error ~1e-7, the precision of the probs).
+    """
+    r = rows.shape[0]
+    bits = rows.view(torch.int32)                                  # [r, V], >= 0
+    high = (bits >> 15).long()                                     # [r, V] in [0, 2^16)
+    coarse = torch.zeros(r, 1 << 16, dtype=rows.dtype, device=rows.device)
+    coarse = coarse.scatter_add_(1, high, rows).double()
+    at_or_above = _mass_at_or_above(coarse)                        # [r, 2^16]
+    bucket = (at_or_above >= top_p).sum(dim=-1, keepdim=True) - 1  # [r, 1]; -1: keep all
+    safe = bucket.clamp(min=0)
+    above = at_or_above.gather(1, safe) - coarse.gather(1, safe)   # mass of buckets > bucket
+    row, col = torch.nonzero(high == bucket, as_tuple=True)        # the bucket's entries
+    fine = torch.zeros(r, 1 << 15, dtype=torch.float64, device=rows.device)
+    fine.index_put_((row, (bits[row, col] & 0x7FFF).long()), rows[row, col].double(),
+                    accumulate=True)
+    fine_at_or_above = _mass_at_or_above(fine) + above
+    low = ((fine_at_or_above >= top_p).sum(dim=-1, keepdim=True) - 1).clamp(min=0)
+    threshold = torch.where(bucket >= 0, (bucket << 15) | low, 0)
+    return threshold.int().view(torch.float32)
+
+
+def _mass_at_or_above(hist: torch.Tensor) -> torch.Tensor:
+    """hist [r, b] float64 -> [r, b]: mass in bins >= each bin (non-increasing)."""
+    below = torch.cumsum(hist, dim=-1)
+    below = torch.cat([torch.zeros_like(below[:, :1]), below[:, :-1]], dim=-1)
+    return below[:, -1:] + hist[:, -1:] - below
 
 
 def greedy_children(draft_logits: torch.Tensor, k: int) -> torch.Tensor:

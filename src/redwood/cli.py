@@ -102,22 +102,93 @@ def _cmd_export(args):
 
 # --- generate / demo (engine issue) --------------------------------------------------
 
+def _add_model_args(p):
+    p.add_argument("--model", default=None, help="shipped model pair (default: qwen2.5-coder)")
+    p.add_argument("--target", default=None, help="target model: HF directory or .gguf file")
+    p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
+    p.add_argument("--tree", default=None,
+                   help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft-quantize", default=None, choices=["int8"],
+                   help="dynamic int8 draft on CPU: faster drafts, output stays exact")
+
+
+def _add_sampling_args(p, max_new_tokens=128):
+    p.add_argument("--method", default="sequoia",
+                   choices=["sequoia", "specinfer", "chain", "autoregressive"])
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _model_config(args):
+    from redwood.textgen import ModelConfig
+
+    return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
+                       dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize)
+
+
+def _sampling_config(args):
+    from redwood.textgen import SamplingConfig
+
+    config = SamplingConfig(method=args.method, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                            stop_on_eos=not getattr(args, "ignore_eos", False))
+    config.check()
+    return config
+
+
 def _add_generate(sub):
-    p = sub.add_parser("generate", help="generate text with tree speculative decoding")
+    p = sub.add_parser("generate", help="generate text with tree speculative decoding",
+                       description="Stream a completion of PROMPT, then print speed and acceptance.")
+    p.add_argument("prompt", help="the text to continue (or the user message with --chat)")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
     p.set_defaults(func=_cmd_generate)
 
 
 def _cmd_generate(args):
-    raise RedwoodError("generate: not implemented yet")
+    import json
+
+    from redwood.prompts import encode_prompt
+    from redwood.textgen import load_engine, stats_lines, stream_text
+
+    sampling = _sampling_config(args)
+    if not args.prompt.strip():
+        raise RedwoodError("the prompt is empty: give some text to continue")
+    engine, tokenizer = load_engine(_model_config(args))
+    encode_prompt(tokenizer, args.prompt, args.chat)          # fail on a bad prompt before streaming
+    on_text = None if args.json else (lambda piece: print(piece, end="", flush=True))
+    result, text = stream_text(engine, tokenizer, args.prompt, sampling, args.chat, on_text)
+    if args.json:
+        print(json.dumps({"text": text, **result.as_dict()}))
+    else:
+        print()
+        for line in stats_lines(result):
+            print(line, file=sys.stderr)
 
 
 def _add_demo(sub):
-    p = sub.add_parser("demo", help="run the demo on the shipped model pair")
+    p = sub.add_parser("demo", help="complete a HumanEval prompt with sequoia and autoregressive",
+                       description="Load the shipped pair (building its cache on first use), "
+                       "complete one HumanEval prompt greedily with sequoia and with the target "
+                       "alone, show both and the measured speedup.")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--problem", type=int, default=0, help="index into the evaluation split")
+    _add_model_args(p)
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args):
-    raise RedwoodError("demo: not implemented yet")
+    from redwood.demo import run_demo
+
+    return run_demo(_model_config(args), args.max_new_tokens, args.problem)
 
 
 # --- serve (server issue) ------------------------------------------------------------

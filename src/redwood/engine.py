@@ -104,7 +104,8 @@ class Engine:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request.seed if request.seed is not None else torch.seed())
         tree = self._tree_for(request.method)
-        stats = StepStats(accepted_at_depth=[0] * max(tree.num_levels - 1, 0))
+        speculative = request.method != "autoregressive" and len(tree) > 1
+        stats = StepStats(accepted_at_depth=[0] * (tree.num_levels - 1 if speculative else 0))
         prompt = request.input_ids.to(self.device)
 
         # Prefill both models with every prompt token but the last, which becomes the
@@ -115,7 +116,7 @@ class Engine:
             positions = torch.arange(len(prompt) - 1, device=self.device)
             kvcache.forward(self.target, prompt[:-1], positions, target_cache, rows=1)
         drafter = None
-        if request.method != "autoregressive" and len(tree) > 1:
+        if speculative:
             drafter = DraftModelDrafter(self.draft, self._clock)
             drafter.prefill(prompt[:-1])
             chooser = self._chooser(request, generator)
@@ -221,14 +222,7 @@ class Engine:
                                f"{tuple(ids.shape)} and dtype {ids.dtype}")
         if ids.numel() == 0:
             raise RedwoodError("the prompt is empty: give at least one token")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise RedwoodError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-            raise RedwoodError(f"temperature must be a number >= 0, got {temperature!r}")
-        if not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
-            raise RedwoodError(f"top_p must be in (0, 1], got {top_p!r}")
-        if not isinstance(top_k, int) or top_k < 0:
-            raise RedwoodError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+        check_sampling(max_new_tokens, temperature, top_p, top_k)
         if method not in METHODS:
             raise RedwoodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         vocab = self.target.config.vocab_size
@@ -242,6 +236,18 @@ class Engine:
                 "positions; shorten the prompt or lower max_new_tokens")
         return Request(ids.long(), max_new_tokens, float(temperature), float(top_p), top_k, seed,
                        method, stop_on_eos)
+
+
+def check_sampling(max_new_tokens, temperature, top_p, top_k) -> None:
+    """Raise RedwoodError on sampling settings that are out of range."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise RedwoodError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
+        raise RedwoodError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+        raise RedwoodError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise RedwoodError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
 
 
 def _as_tree(tree) -> Tree:

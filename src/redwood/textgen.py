@@ -1,0 +1,92 @@
+"""Text in, text out: load a pair, encode a prompt, stream decoded text, report stats.
+
+The CLI's `generate` and `demo` verbs are thin wrappers over these functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redwood.engine import METHODS, Engine, check_sampling
+from redwood.errors import RedwoodError
+from redwood.prompts import encode_prompt
+from redwood.stats import GenerationResult
+
+
+@dataclass
+class ModelConfig:
+    """Which models to load and how."""
+    model: str | None = None          # shipped pair name (default qwen2.5-coder)
+    target: str | None = None         # or explicit target + draft (HF dir or .gguf)
+    draft: str | None = None
+    tree: str | None = None           # tree JSON; None = the tree shipped for the default pair
+    dtype: str | None = None
+    device: str = "cpu"
+    draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
+
+
+@dataclass
+class SamplingConfig:
+    method: str = "sequoia"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    seed: int | None = None
+    stop_on_eos: bool = True
+
+    def check(self) -> None:
+        """Fail fast (before minutes of model loading) on bad numbers."""
+        if self.method not in METHODS:
+            raise RedwoodError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+
+    def as_kwargs(self) -> dict:
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    seed=self.seed, method=self.method, stop_on_eos=self.stop_on_eos)
+
+
+def load_engine(config: ModelConfig, progress: bool = True):
+    """(engine, tokenizer) for a model config; the tree is validated before the models load."""
+    from redwood.models import load_pair
+    from redwood.tree import Tree
+
+    if config.model is not None and (config.target or config.draft):
+        raise RedwoodError("give either --model or --target/--draft, not both")
+    tree = None
+    if config.tree is not None:
+        tree = Tree.load(config.tree)
+    target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
+                                         dtype=config.dtype, device=config.device,
+                                         draft_quantize=config.draft_quantize, progress=progress)
+    return Engine(target, draft, tree), tokenizer
+
+
+def stream_text(engine: Engine, tokenizer, prompt: str, sampling: SamplingConfig,
+                chat: bool = False, on_text=None) -> tuple[GenerationResult, str]:
+    """Generate, calling on_text(piece) as text becomes final; returns (result, full text)."""
+    from redwood.detokenize import IncrementalText
+
+    ids = encode_prompt(tokenizer, prompt, chat)
+    text = IncrementalText(tokenizer)
+    stream = engine.stream(ids, sampling.max_new_tokens, **sampling.as_kwargs())
+    for new_tokens in stream:
+        piece = text.add(new_tokens)
+        if piece and on_text:
+            on_text(piece)
+    rest = text.finish()
+    if rest and on_text:
+        on_text(rest)
+    return stream.result, text.text
+
+
+def stats_lines(result: GenerationResult) -> list[str]:
+    depth = ", ".join(f"{rate:.2f}" for rate in result.stats.acceptance_by_depth())
+    stats = result.stats
+    return [
+        f"{len(result.tokens)} tokens in {result.decode_seconds:.2f} s "
+        f"({result.tokens_per_second:.2f} tokens/s, prefill {result.prefill_seconds:.2f} s excluded)",
+        f"{result.tokens_per_step:.2f} tokens per target forward over {stats.target_forwards} forwards "
+        f"({result.method})",
+        f"time: target {stats.target_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, "
+        f"other {stats.other_seconds:.2f} s",
+    ] + ([f"acceptance by depth: {depth}"] if depth else [])

@@ -40,16 +40,19 @@ class IncrementalText:
         previous_count = len(self.tokens)
         self.tokens.extend(int(t) for t in new_ids)
         self.text = self._decode(self.tokens)
-        cut = self._find_stop(self.text)
-        if cut is not None:
-            self.stopped = True
-            self.text = self.text[:cut]
-            self._trim_tokens_to_stop(previous_count)
+        # A trailing U+FFFD may be half a character that the next token completes: neither
+        # emit it nor match stop strings against it yet.
+        stable = len(self.text)
+        while stable > self.emitted and self.text[stable - 1] == _REPLACEMENT:
+            stable -= 1
+        if self._stop_at(stable, previous_count):
             return self._take(len(self.text))
-        return self._take(self._safe_end(self.text))
+        return self._take(self._hold_back_stop_prefix(stable))
 
     def finish(self) -> str:
         """The rest of the text at the end of generation (nothing more is held back)."""
+        if not self.stopped:
+            self._stop_at(len(self.text), 0)
         return self._take(len(self.text))
 
     def _take(self, end: int) -> str:
@@ -57,18 +60,24 @@ class IncrementalText:
         self.emitted = max(self.emitted, end)
         return delta
 
-    def _find_stop(self, text: str) -> int | None:
-        # Held-back text never contains the start of a stop string that was already emitted,
-        # so searching from the emitted position (minus nothing) finds every new match.
-        hits = [i for i in (text.find(s, self.emitted) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
+    def _stop_at(self, end: int, previous_count: int) -> bool:
+        """Cut the text at the first stop string within text[:end], if any."""
+        # Text held back never contains the start of a stop string that was emitted, so
+        # searching from the emitted position finds every new match.
+        window = self.text[:end]
+        hits = [i for i in (window.find(s, self.emitted) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self.stopped = True
+        self.text = self.text[:min(hits)]
+        self._trim_tokens_to_stop(previous_count)
+        return True
 
-    def _safe_end(self, text: str) -> int:
-        end = len(text)
-        while end > self.emitted and text[end - 1] == _REPLACEMENT:
-            end -= 1
-        for held in range(min(end - self.emitted, max((len(s) for s in self.stop), default=0)), 0, -1):
-            tail = text[end - held:end]
+    def _hold_back_stop_prefix(self, end: int) -> int:
+        """End of the emittable text: before any tail that could grow into a stop string."""
+        longest = max((len(s) for s in self.stop), default=0)
+        for held in range(min(end - self.emitted, longest), 0, -1):
+            tail = self.text[end - held:end]
             if any(s.startswith(tail) for s in self.stop):
                 return end - held
         return end

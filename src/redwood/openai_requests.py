@@ -19,7 +19,8 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  type: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.status, self.message, self.param = status, message, param
+        self.type, self.code = type, code
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -110,8 +111,8 @@ def _stop_strings(body) -> list[str]:
 
 
 def _max_tokens(body, kind, prompt_len, context, default_max_tokens) -> int:
-    name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
-        else "max_tokens"
+    newer_name = kind == "chat" and body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if newer_name else "max_tokens"
     value = body.get(name)
     prompt_param = "prompt" if kind == "completion" else "messages"
     room = context - prompt_len

@@ -45,7 +45,8 @@ class ServerConfig:
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.default_max_tokens < 1:
-            raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+            raise ValueError(
+                f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
 
 
 def _model_limits(engine, tokenizer, config: ServerConfig) -> tuple[int, int]:
@@ -62,7 +63,8 @@ def _model_limits(engine, tokenizer, config: ServerConfig) -> tuple[int, int]:
             target_config, "max_position_embeddings", None)
         tree = getattr(engine, "tree", None)
         if not positions:
-            raise ValueError("cannot tell the model's context length: set ServerConfig.context_length")
+            raise ValueError(
+                "cannot tell the model's context length: set ServerConfig.context_length")
         context = positions - (tree.num_levels if tree is not None else 0)
     return int(context), int(vocab)
 
@@ -102,7 +104,8 @@ class _Responder:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def _choice(self, text: str | None, finish: str | None, chunk: bool, role: bool = False) -> dict:
+    def _choice(self, text: str | None, finish: str | None, chunk: bool,
+                role: bool = False) -> dict:
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         if chunk:

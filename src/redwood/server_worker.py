@@ -62,7 +62,8 @@ class GenerationWorker:
         self.current: Job | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._serve_forever, name="redwood-engine", daemon=True)
+        self.thread = threading.Thread(target=self._serve_forever, name="redwood-engine",
+                                       daemon=True)
         self.thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -125,13 +126,16 @@ class GenerationWorker:
         previous = None
         try:
             for step_ids in stream:
-                if job.cancelled.is_set():      # client gone: stop at this step
+                if job.cancelled.is_set():      # client gone (or shutdown): stop at this step
+                    job.post("error", APIError(503, "the request was cancelled",
+                                               type="server_error", code="cancelled"))
                     return
                 step_ids = list(step_ids)[: req.max_tokens - text.n_tokens]
                 now = time.perf_counter()
                 if previous is None and step_ids:
                     self.metrics.ttft.observe(now - job.arrived)
-                self.metrics.observe_step(len(step_ids), None if previous is None else now - previous)
+                since_previous = None if previous is None else now - previous
+                self.metrics.observe_step(len(step_ids), since_previous)
                 previous = now
                 steps.append(len(step_ids))
                 delta = text.add(step_ids)

@@ -81,13 +81,14 @@ def test_caches_equal_fresh_prefill_after_many_steps(pair):
     target, draft = pair
     engine = Engine(target, draft, Tree(TREES["wide_deep"]))
     prompt = torch.randint(2, 96, (6,), generator=torch.Generator().manual_seed(7))
-    stream = engine.stream(prompt, 60, temperature=0.8, seed=3, stop_on_eos=False)
-    steps = 0
-    for _ in stream:
-        steps += 1
-    assert steps >= 8
+    # Stop after 15 steps, well before max_new_tokens, so no step was truncated.
+    stream = engine.stream(prompt, 400, temperature=0.8, seed=3, stop_on_eos=False)
+    for steps, _ in enumerate(stream, start=1):
+        if steps == 15:
+            break
     state = stream.state
-    full = torch.cat([prompt, torch.tensor(stream.result.tokens)])
+    full = torch.cat([prompt, torch.tensor(stream.state.tokens)])
+    assert len(full) > len(prompt) + 15
     # Target cache: everything but the newest token (the next root).
     _assert_cache_matches(target, state.target_cache, full[:-1])
     # Draft cache: everything but its pending tokens and the root.

@@ -4,7 +4,8 @@ The planner half (Tree, optimal_tree, choose_tree) is pure numpy and imports
 without torch; the engine half is imported lazily on first use.
 """
 from redwood.tree import Tree
-from redwood.planner import optimal_tree, choose_tree
+from redwood.planner import choose_tree, dp_table, optimal_tree
+from redwood.tree import chain, specinfer, star
 
 __version__ = "0.1.0"
 
@@ -25,5 +26,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'redwood' has no attribute {name!r}")
 
 
-__all__ = ["Tree", "optimal_tree", "choose_tree", "Engine", "GenerationResult",
+__all__ = ["Tree", "optimal_tree", "choose_tree", "dp_table", "chain", "star", "specinfer", "Engine", "GenerationResult",
            "load_model", "load_pair", "__version__"]

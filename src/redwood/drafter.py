@@ -2,7 +2,7 @@
 
 A drafter owns whatever state it needs (for a draft model, its KV cache) and
 follows three calls per generation: `prefill(prompt)`, then per step
-`propose(root, tree, chooser)` and `commit(path)`. One class per source; the
+`propose(root, layout, chooser)` and `commit(path)`. One class per source; the
 draft model is the only source today.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from redwood import kvcache
-from redwood.tree import Tree
+from redwood.layout import TreeLayout
 
 
 @dataclass
@@ -63,38 +63,33 @@ class DraftModelDrafter:
             positions = torch.arange(len(prompt_ids), device=prompt_ids.device)
             kvcache.forward(self.model, prompt_ids, positions, self.cache, rows=1)
 
-    def propose(self, root: int, tree: Tree, choose: ChildChooser) -> Proposal:
-        device = self.model.device
+    def propose(self, root: int, layout: TreeLayout, choose: ChildChooser) -> Proposal:
+        """Draft the whole tree below `root`: one draft forward per level that has children."""
+        device, tree = self.model.device, layout.tree
         start = self.clock()
         base_tokens = torch.tensor(self.pending + [root], device=device)
         offset = kvcache.cache_length(self.cache)
         positions = torch.arange(offset, offset + len(base_tokens), device=device)
         root_logits = kvcache.forward(self.model, base_tokens, positions, self.cache, rows=1)
         self.base = offset + len(base_tokens)          # cache length up to and including the root
-        root_position = self.base - 1
         self.pending = []
 
         n = len(tree)
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = root
-        levels = tree.levels
         holder: dict = {}                              # lazily allocated draft_probs [n, V]
         self._assign_children(tree, [0], root_logits, tokens, choose, n, holder)
-        forwards = 1
-        ancestor = torch.as_tensor(tree.ancestor_mask(), device=device)
         # Levels 1 .. L-2 have children somewhere; the last level is never run by the draft.
-        for depth in range(1, tree.num_levels - 1):
-            level = levels[depth]
-            first, last = int(level[0]), int(level[-1]) + 1
-            parents_here = [int(u) for u in level if tree.children[u]]
-            visible = ancestor[first:last, 1:last]                # this level sees tree nodes 1..last-1
+        for level in layout.levels[1:-1]:
+            first, last = level.first, level.last
+            visible = layout.ancestor[first:last, 1:last]       # sees tree nodes 1 .. last-1
             mask = kvcache.tree_attention_mask(self.base, visible, self.model.dtype)
-            positions = root_position + torch.as_tensor(tree.depths[first:last], device=device)
-            rows = torch.tensor([u - first for u in parents_here], device=device)
-            logits = kvcache.forward(self.model, tokens[first:last], positions, self.cache, mask, rows)
-            self._assign_children(tree, parents_here, logits, tokens, choose, n, holder)
-            forwards += 1
-        self.forwarded = int(levels[-1][0]) if tree.num_levels > 1 else 1   # nodes 1..forwarded-1 are cached
+            positions = self.base - 1 + layout.depths[first:last]
+            logits = kvcache.forward(self.model, tokens[first:last], positions, self.cache, mask,
+                                     level.parent_rows)
+            self._assign_children(tree, level.parents, logits, tokens, choose, n, holder)
+        self.forwarded = layout.first_leaf_level_node
+        forwards = max(len(layout.levels) - 1, 1)
         return Proposal(tokens, holder.get("probs"), self.clock() - start, forwards)
 
     @staticmethod

@@ -18,6 +18,7 @@ import torch
 from redwood import kvcache
 from redwood.drafter import ChildChooser, DraftModelDrafter
 from redwood.errors import RedwoodError
+from redwood.layout import TreeLayout
 from redwood.stats import GenerationResult, StepStats
 from redwood.tree import Tree
 
@@ -82,6 +83,7 @@ class Engine:
         self.device = self.target.device
         self.eos_ids = _eos_ids(self.target)
         self.max_positions = _max_positions(self.target, self.draft)
+        self._layouts: dict = {}
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int, **options) -> GenerationResult:
@@ -103,7 +105,8 @@ class Engine:
     def _run(self, request: Request, state: DecodeState):
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        tree = self._tree_for(request.method)
+        layout = self._layout(request.method)
+        tree = layout.tree
         speculative = request.method != "autoregressive" and len(tree) > 1
         stats = StepStats(accepted_at_depth=[0] * (tree.num_levels - 1 if speculative else 0))
         prompt = request.input_ids.to(self.device)
@@ -130,7 +133,7 @@ class Engine:
                 new_tokens = self._autoregressive_step(root, len(prompt) + len(tokens) - 1,
                                                        target_cache, request, generator, stats)
             else:
-                new_tokens = self._speculative_step(root, len(prompt) + len(tokens) - 1, tree,
+                new_tokens = self._speculative_step(root, len(prompt) + len(tokens) - 1, layout,
                                                     drafter, chooser, target_cache, request,
                                                     generator, stats)
             new_tokens = new_tokens[: request.max_new_tokens - len(tokens)]
@@ -151,20 +154,20 @@ class Engine:
         stats.target_seconds += self._clock() - start
         return [self._sample_one(logits[0], request, generator)]
 
-    def _speculative_step(self, root, root_position, tree, drafter, chooser, cache, request,
+    def _speculative_step(self, root, root_position, layout, drafter, chooser, cache, request,
                           generator, stats):
         """Draft the tree, verify it in one target forward, keep the accepted path."""
         from redwood.sampling import process_logits
         from redwood.verify import verify_greedy, verify_tree
 
-        proposal = drafter.propose(root, tree, chooser)
+        tree = layout.tree
+        proposal = drafter.propose(root, layout, chooser)
         stats.draft_seconds += proposal.draft_seconds
         stats.draft_forwards += proposal.draft_forwards
 
         start = self._clock()
-        ancestor = torch.as_tensor(tree.ancestor_mask(), device=self.device)
-        mask = kvcache.tree_attention_mask(root_position, ancestor, self.target.dtype)
-        positions = root_position + torch.as_tensor(tree.depths, device=self.device)
+        mask = kvcache.tree_attention_mask(root_position, layout.ancestor, self.target.dtype)
+        positions = root_position + layout.depths
         logits = kvcache.forward(self.target, proposal.tokens, positions, cache, mask)   # [n, V]
         stats.target_seconds += self._clock() - start
 
@@ -195,10 +198,15 @@ class Engine:
         return ChildChooser(request.greedy, request.temperature, request.top_k, request.top_p,
                             replacement=request.method in ("specinfer", "chain"), generator=generator)
 
-    def _tree_for(self, method: str) -> Tree:
+    def _layout(self, method: str) -> TreeLayout:
+        """The tree a method runs (chain: one child per level, as deep as the tree), cached."""
+        tree = self.tree
         if method == "chain":
-            return Tree(list(range(-1, self.tree.num_levels - 1)), {"kind": "chain"})
-        return self.tree
+            tree = Tree(list(range(-1, self.tree.num_levels - 1)), {"kind": "chain"})
+        key = (method == "chain", id(self.tree))
+        if self._layouts.get(key) is None or self._layouts[key].tree.parents != tree.parents:
+            self._layouts[key] = TreeLayout.build(tree, self.device)
+        return self._layouts[key]
 
     def _cut_at_eos(self, tokens, new_tokens, request):
         for i, token in enumerate(new_tokens):

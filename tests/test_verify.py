@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from redwood.sampling import process_logits, propose_children
 from redwood.tree import Tree
-from redwood.verify import RESIDUAL_EPS, _residual, verify_greedy, verify_tree
+from redwood.verify import RESIDUAL_EPS, _TargetLaw, verify_greedy, verify_tree
 
 ALPHA = 1e-3
 
@@ -356,11 +356,12 @@ def test_real_sized_vocabulary_and_equal_distributions():
 def test_residual_fallback_keeps_p_when_numerically_empty():
     p = f32([0.25, 0.25, 0.5])
     q = p * torch.tensor([1.0 + 1e-7, 1.0, 1.0 - 5e-8])
-    kept = _residual(p, q)
-    assert torch.equal(kept, p)
-    residual = _residual(p, f32([0.5, 0.25, 0.25]))
-    np.testing.assert_allclose(residual.numpy(), [0.0, 0.0, 1.0], atol=1e-7)
-    assert float(torch.clamp(p - q, min=0).sum()) <= RESIDUAL_EPS
+    assert 0 < float(torch.clamp(p - q, min=0).sum()) <= RESIDUAL_EPS
+    target = _TargetLaw(p)
+    target.replace(torch.clamp(p - q, min=0))
+    assert torch.equal(target.p, p) and target.mass == pytest.approx(1.0)
+    target.replace(torch.clamp(p - f32([0.5, 0.25, 0.25]), min=0))
+    np.testing.assert_allclose((target.p / target.mass).numpy(), [0.0, 0.0, 1.0], atol=1e-7)
 
 
 def test_same_seed_same_result():

@@ -138,6 +138,24 @@ def propose_children(q: torch.Tensor, k: int, replacement: bool,
     return _draw_children(q.float(), k, replacement, generator)
 
 
+def sample_token(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from p [V] (non-negative, need not sum to 1), by float64 inverse CDF:
+    exact to the precision of p. (torch.multinomial rounds its cumulative sums to
+    float32, which misplaces the mass of tokens below ~6e-8 on a large vocabulary.)
+    A block of TAIL_BLOCK tokens is picked by its mass, then a token inside it."""
+    vocab = p.numel()
+    if vocab <= TAIL_BLOCK:
+        return int(_inverse_cdf(p.double().cumsum(dim=0).unsqueeze(0), generator)[0])
+    blocks = -(-vocab // TAIL_BLOCK)
+    padded = torch.zeros(blocks * TAIL_BLOCK, dtype=torch.float32, device=p.device)
+    padded[:vocab] = p
+    padded = padded.view(blocks, TAIL_BLOCK)
+    block_mass = padded.sum(dim=-1).double()                  # float32 sums, as _Tail
+    block = int(_inverse_cdf(block_mass.cumsum(dim=0).unsqueeze(0), generator)[0])
+    inside = padded[block].double().cumsum(dim=0).unsqueeze(0)
+    return block * TAIL_BLOCK + int(_inverse_cdf(inside, generator)[0])
+
+
 # Children are drawn by float64 inverse CDF over the HEAD_WIDTH most probable tokens,
 # plus the rest of the vocabulary (the "tail", see _Tail) as one more outcome, opened
 # only when a draw lands in it. An exponential race or torch.multinomial draws float32

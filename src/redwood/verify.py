@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from redwood.sampling import sample_token
 from redwood.tree import Tree
 
 # A residual max(p - q, 0) whose mass is at most this fraction of p's mass is treated
@@ -61,12 +62,11 @@ def verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: t
     node = 0
     path = [0]
     while True:
-        p = target_probs[node].float()
-        accepted, p = _check_children(p, draft_probs[node], tree.children[node], toks,
-                                      uniforms, replacement)
+        target = _TargetLaw(target_probs[node])
+        accepted = _check_children(target, draft_probs, node, tree.children[node], toks,
+                                   uniforms, replacement)
         if accepted is None:
-            bonus = torch.multinomial(p.to(_device_of(generator)), 1, generator=generator)
-            return path, int(bonus)
+            return path, sample_token(target.p, generator)
         node = accepted
         path.append(node)
 
@@ -75,44 +75,82 @@ def _device_of(generator) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
-def _check_children(p, q, children, toks, uniforms, replacement):
-    """Check one node's children in rank order. p, q: [V]. Returns (accepted child or
-    None, current target law p after the rejections)."""
+def _check_children(target, draft_probs, node, children, toks, uniforms, replacement):
+    """Check `node`'s children in rank order against `target` (updated in place by the
+    rejections). Returns the accepted child, or None when all are rejected."""
     if not children:
-        return None, p
-    q = q.float()
-    vocab = q.shape[0]
-    proposed = torch.zeros(vocab, dtype=torch.bool, device=q.device)   # tokens seen so far
-    law = q / q.sum()                            # with replacement: every child's q_k
+        return None
+    draft = _DraftLaw(draft_probs[node], replacement)   # leaves' draft rows are never read
     for child in children:
         x = toks[child]
-        if not replacement:
-            if bool(proposed[x]):                # a repeat (only when width > V): skip it
-                continue
-            law = _remaining_law(q, proposed)
-            proposed[x] = True
-        if uniforms[child] * float(law[x]) < float(p[x]):   # u < p/q_k, no division
-            return child, p
-        p = _residual(p, law)
-    return None, p
+        if draft.is_repeat(x):           # without replacement only when width > V
+            continue
+        # Accept with probability min(1, p(x) / q_k(x)): u * q_k(x) < p(x), no division.
+        if uniforms[child] * draft.prob(x) * target.mass < float(target.p[x]):
+            return child
+        draft.subtract_from(target)      # p <- normalise(max(p - q_k, 0)), q_k's law
+        draft.remove(x)
+    return None
 
 
-def _remaining_law(q, proposed):
-    """The law of the next child without replacement: q with proposed tokens removed and
-    renormalised, or, once that mass is 0 (draft exhausted), uniform over the tokens not
-    yet proposed. Same zero test as propose_children (q > 0), so the two agree."""
-    rest = q.masked_fill(proposed, 0.0)
-    mass = rest.sum()
-    if float(mass) > 0:
-        return rest / mass
-    free = (~proposed).float()
-    return free / free.sum().clamp_min(1.0)
+class _TargetLaw:
+    """The current target law at a node, kept unnormalised: p [V] float32 and its mass."""
+
+    def __init__(self, row):
+        self.p = row.float()
+        self.mass = float(self.p.sum())
+
+    def replace(self, residual: torch.Tensor) -> None:
+        """Move to `residual` (max(p - mass * q_k, 0)), unless its mass is numerically 0."""
+        mass = float(residual.sum())
+        if mass > RESIDUAL_EPS * self.mass:
+            self.p, self.mass = residual, mass
 
 
-def _residual(p, law):
-    """normalise(max(p - law, 0)), or p itself when that residual is (numerically) empty."""
-    res = torch.clamp(p - law, min=0.0)
-    mass = float(res.sum())
-    if mass <= RESIDUAL_EPS * float(p.sum()):
-        return p
-    return res / mass
+class _DraftLaw:
+    """q_k, the law that proposed the next child of a node. With replacement: q itself.
+    Without: q with the tokens proposed so far removed and renormalised, or, once that
+    mass is 0 (draft exhausted), uniform over the tokens not yet proposed; the same
+    zero test as propose_children (entries > 0), so the two agree on when that is."""
+
+    def __init__(self, q, replacement):
+        self.q = q.float()
+        self.replacement = replacement
+        self.rest = self.q                     # q with proposed tokens zeroed (copy on write)
+        self.total = float(self.q.sum())
+        self.mass = self.total                 # mass of self.rest
+        self.proposed: list[int] = []
+
+    def is_repeat(self, x: int) -> bool:
+        return not self.replacement and x in self.proposed
+
+    def prob(self, x: int) -> float:
+        if self.mass > 0:
+            return float(self.rest[x]) / self.mass
+        return 1.0 / (self.q.numel() - len(self.proposed))
+
+    def subtract_from(self, target: _TargetLaw) -> None:
+        if self.mass > 0:
+            residual = torch.add(target.p, self.rest, alpha=-target.mass / self.mass)
+        else:                                  # uniform over the unproposed tokens
+            scale = target.mass / (self.q.numel() - len(self.proposed))
+            residual = target.p - scale
+            index = torch.tensor(self.proposed, dtype=torch.long, device=self.q.device)
+            residual[index] = target.p[index]  # proposed tokens had q_k = 0
+        target.replace(residual.clamp_(min=0.0))
+
+    def remove(self, x: int) -> None:
+        if self.replacement:
+            return
+        self.proposed.append(x)
+        if self.mass <= 0:
+            return
+        if self.rest is self.q:
+            self.rest = self.q.clone()
+        removed = float(self.rest[x])
+        self.rest[x] = 0.0
+        self.mass -= removed
+        # Subtraction loses the exact zero (and relative accuracy) once little is left:
+        # recount then. A float32 sum of non-negatives is 0 exactly when all are 0.
+        if self.mass <= 1e-4 * self.total:
+            self.mass = float(self.rest.sum())

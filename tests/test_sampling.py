@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from redwood.errors import RedwoodError
 from redwood import sampling
-from redwood.sampling import greedy_children, process_logits, propose_children
+from redwood.sampling import greedy_children, process_logits, propose_children, sample_token
 
 ALPHA = 1e-3
 
@@ -244,3 +244,15 @@ def test_greedy_children_are_top_k_in_rank_order():
     assert greedy_children(logits, 3).tolist() == [[3, 1, 4], [0, 1, 2]]
     padded = greedy_children(logits[:, :2], 3)
     assert padded.shape == (2, 3) and padded[:, :2].tolist() == [[1, 0], [0, 1]]
+
+
+@pytest.mark.parametrize("block", [512, 2])
+def test_sample_token_law(block, monkeypatch):
+    """One token by inverse CDF; blocks of 2 send a 7-token row through the block path."""
+    monkeypatch.setattr(sampling, "TAIL_BLOCK", block)
+    p = torch.tensor([0.0, 2.0, 0.5, 0.0, 1.0, 0.25, 0.25])         # unnormalised, zeros
+    gen = torch.Generator().manual_seed(12)
+    draws = 6000
+    counts = Counter(sample_token(p, gen) for _ in range(draws))
+    law = {i: float(x) / float(p.sum()) for i, x in enumerate(p)}
+    assert_law(counts, law, draws)

@@ -54,6 +54,13 @@ def verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: t
     min(1, p(x) / q_k(x)), q_k the law that proposed it; on rejection p becomes the
     residual normalise(max(p - q_k, 0)). If no child is accepted (or u is a leaf),
     the bonus token is drawn from the current p.
+
+    Contract with the drafter (exactness depends on it): the children of node u, in
+    rank order, are the first columns of propose_children(draft_probs[u], k, replacement)
+    (the very same float32 values: which entries are exactly 0 decides when the draft
+    is exhausted; children drawn by the uniform fill need nothing extra, their law is
+    derived here). Only rows on the walked path are read. `generator` (or the default
+    one when None) must live on the device of the tensors; draws are fresh each call.
     """
     toks = tokens.tolist()
     # One fresh uniform per child node: each child is decided at most once per call.

@@ -419,6 +419,8 @@ def test_api_key_required_when_configured(engine, tokenizer):
 # --- disconnects, concurrency, the queue ----------------------------------------------------
 
 def test_disconnect_mid_stream_frees_the_engine(base_url, client, engine, tokenizer):
+    # offline first: the engine is not thread-safe, so never run it beside the server's worker
+    expected = decode(tokenizer, offline(engine, tokenizer(PROMPTS[1]).input_ids, 8))
     before = scrape(base_url)
     long_request = {"prompt": PROMPTS[0], "max_tokens": 900, "temperature": 0, "stream": True}
     with httpx.Client(base_url=base_url, timeout=60) as http:
@@ -432,10 +434,9 @@ def test_disconnect_mid_stream_frees_the_engine(base_url, client, engine, tokeni
               > metric(before, "redwood_requests_total", endpoint="/v1/completions", status="499"),
               "the server to notice the disconnect")
     # the next request is answered correctly, and the abandoned one stopped early
-    ids = tokenizer(PROMPTS[1]).input_ids
     response = client.completions.create(model="tiny-qwen", prompt=PROMPTS[1], max_tokens=8,
                                          temperature=0)
-    assert response.choices[0].text == decode(tokenizer, offline(engine, ids, 8))
+    assert response.choices[0].text == expected
     after = scrape(base_url)
     generated = metric(after, "redwood_generated_tokens_total") - metric(
         before, "redwood_generated_tokens_total")

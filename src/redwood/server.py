@@ -36,7 +36,7 @@ class ServerConfig:
     method: str = "sequoia"                 # engine method for every request
     max_queue: int = 16                     # waiting requests beyond the one generating
     api_key: str | None = None              # when set, every endpoint but /health needs it
-    context_length: int | None = None       # default: the target model's max_position_embeddings
+    context_length: int | None = None       # default: model positions minus the tree depth
     default_max_tokens: int = 256           # when a request gives no max_tokens
     host: str = "127.0.0.1"
     port: int = 8000

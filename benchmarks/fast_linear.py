@@ -1,0 +1,79 @@
+"""Target forward latency for n = 1..16 new tokens over a 256-token cache, stock F.linear vs
+redwood's oneDNN fast linear (models.load_model(..., fast_linear=True)), interleaved per
+repetition so machine drift (other processes) hits both alike; min and median reported.
+
+    python benchmarks/fast_linear.py --role target --reps 5 --out benchmarks/results/fast_linear.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import torch
+
+
+def timed_forward(model, ids, cache, context: int) -> tuple[float, torch.Tensor]:
+    positions = torch.arange(context, context + ids.shape[1]).unsqueeze(0)
+    start = time.perf_counter()
+    logits = model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).logits
+    elapsed = (time.perf_counter() - start) * 1e3
+    cache.crop(-ids.shape[1])
+    return elapsed, logits
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["target", "draft"], default="target")
+    parser.add_argument("--path")
+    parser.add_argument("--n", type=int, nargs="+", default=list(range(1, 17)))
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+
+    from transformers import DynamicCache
+
+    from redwood.fastlinear import disable_fast_linear, enable_fast_linear
+    from redwood.models import load_model
+    from redwood.shipped import shipped_model_dir
+
+    path = args.path or shipped_model_dir(args.role)
+    model = load_model(path)
+    generator = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=model.config)
+    rows = {}
+    with torch.inference_mode():
+        prompt = torch.randint(0, model.config.vocab_size, (1, args.context), generator=generator)
+        model(input_ids=prompt, cache=cache, use_cache=True)
+        for n in args.n:
+            ids = torch.randint(0, model.config.vocab_size, (1, n), generator=generator)
+            times = {"stock": [], "fast": []}
+            diffs = []
+            for rep in range(args.reps + 1):           # rep 0 warms up both paths
+                disable_fast_linear(model)
+                t_stock, stock = timed_forward(model, ids, cache, args.context)
+                enable_fast_linear(model)
+                t_fast, fast = timed_forward(model, ids, cache, args.context)
+                if rep:
+                    times["stock"].append(t_stock)
+                    times["fast"].append(t_fast)
+                diffs.append((stock - fast).abs().max().item())
+            rows[n] = {k: {"min": round(min(v), 1), "median": round(statistics.median(v), 1)}
+                       for k, v in times.items()}
+            rows[n]["max_logit_diff"] = max(diffs)
+            rows[n]["same_argmax"] = bool(torch.equal(stock.argmax(-1), fast.argmax(-1)))
+            print(n, json.dumps(rows[n]), flush=True)
+    result = {"path": str(path), "context": args.context, "threads": torch.get_num_threads(),
+              "reps": args.reps, "forward_ms": rows,
+              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -167,3 +167,16 @@ def test_vocabulary_mismatch_is_refused():
     draft = tiny_model("qwen2", vocab_size=80)
     with pytest.raises(RedwoodError, match="96.*80|80.*96"):
         Engine(target, draft, Tree(TREES["chain5"]))
+
+
+def test_closing_a_stream_keeps_what_was_generated(pair):
+    target, draft = pair
+    engine = Engine(target, draft, Tree(TREES["chain5"]))
+    stream = engine.stream(torch.tensor([7, 8, 9]), 200, stop_on_eos=False)
+    seen = []
+    for piece in stream:
+        seen += piece
+        if len(seen) >= 10:
+            stream.close()
+    assert stream.result.finish_reason == "stopped"
+    assert stream.result.tokens == seen and sum(stream.result.accepted) == len(seen)

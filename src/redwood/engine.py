@@ -49,6 +49,10 @@ class DecodeState:
     drafter: DraftModelDrafter | None = None
     prompt: torch.Tensor | None = None
     tokens: list[int] | None = None    # new tokens so far
+    accepted: list[int] | None = None
+    stats: StepStats | None = None
+    prefill_seconds: float = 0.0
+    method: str = ""
 
 
 class Stream:
@@ -64,12 +68,18 @@ class Stream:
             try:
                 yield next(self._steps)
             except StopIteration as done:
-                self.result = done.value
+                if done.value is not None:       # None after close(): keep its partial result
+                    self.result = done.value
                 return
 
     def close(self) -> None:
-        """Stop early (e.g. the client went away); caches are dropped with the stream."""
+        """Stop early (e.g. the client went away). `result` then holds what was generated
+        so far, with finish_reason "stopped"."""
         self._steps.close()
+        state = self.state
+        if self.result is None and state.tokens is not None:
+            self.result = GenerationResult(list(state.tokens), list(state.accepted), state.stats,
+                                           state.prefill_seconds, state.method, "stopped")
 
 
 class Engine:
@@ -126,7 +136,9 @@ class Engine:
         prefill_seconds = self._clock() - start
 
         root, tokens, accepted, finish = int(prompt[-1]), [], [], None
-        state.target_cache, state.drafter, state.prompt, state.tokens = target_cache, drafter, prompt, tokens
+        state.target_cache, state.drafter, state.prompt = target_cache, drafter, prompt
+        state.tokens, state.accepted, state.stats = tokens, accepted, stats
+        state.prefill_seconds, state.method = prefill_seconds, request.method
         while finish is None:
             step_start, forward_seconds = self._clock(), stats.target_seconds + stats.draft_seconds
             if drafter is None:

@@ -1,0 +1,85 @@
+"""`redwood generate` end to end on tiny random models that share the real Qwen tokenizer."""
+import json
+
+import pytest
+import torch
+
+from redwood.cli import main
+from redwood.engine import Engine
+from redwood.tree import Tree
+from tiny import tiny_model
+
+TREE = Tree([-1, 0, 0, 1, 1, 3])
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, shipped_tokenizer):
+    root = tmp_path_factory.mktemp("tiny-pair")
+    vocab = len(shipped_tokenizer)
+    target = tiny_model("qwen2", vocab_size=vocab, seed=5, max_positions=256)
+    draft = tiny_model("qwen2", vocab_size=vocab, seed=6, max_positions=256)
+    other = tiny_model("qwen2", vocab_size=vocab - 10, seed=7, max_positions=256)
+    for name, model in (("target", target), ("draft", draft), ("other", other)):
+        model.save_pretrained(root / name)
+    shipped_tokenizer.save_pretrained(root / "target")
+    TREE.save(root / "tree.json")
+    return root, target, draft
+
+
+def _args(root, *extra):
+    return ["generate", "--target", str(root / "target"), "--draft", str(root / "draft"),
+            "--tree", str(root / "tree.json"), *extra]
+
+
+def test_json_output_matches_the_engine(model_dirs, shipped_tokenizer, capsys):
+    root, target, draft = model_dirs
+    assert main(_args(root, "def add(a, b):", "--max-new-tokens", "12", "--ignore-eos",
+                      "--json")) == 0
+    record = json.loads(capsys.readouterr().out)
+    ids = torch.tensor(shipped_tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"])
+    expected = Engine(target, draft, TREE).generate(ids, 12, stop_on_eos=False)
+    assert record["tokens"] == expected.tokens
+    assert record["text"] == shipped_tokenizer.decode(expected.tokens, skip_special_tokens=True)
+    assert sum(record["accepted"]) == 12 and record["method"] == "sequoia"
+
+
+def test_streams_text_and_prints_stats(model_dirs, capsys):
+    root, _, _ = model_dirs
+    assert main(_args(root, "hello", "--max-new-tokens", "6", "--temperature", "0.7",
+                      "--seed", "3", "--chat", "--method", "specinfer")) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip()
+    assert "tokens per target forward" in captured.err and "tokens/s" in captured.err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["   "], "prompt is empty"),
+    (["x", "--temperature", "-1"], "temperature"),
+    (["x", "--top-p", "0"], "top_p"),
+    (["x", "--top-k", "-2"], "top_k"),
+    (["x", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["x", "--max-new-tokens", "1000"], "context"),
+])
+def test_bad_input_is_one_line_and_exit_2(model_dirs, capsys, extra, message):
+    root, _, _ = model_dirs
+    assert main(_args(root, *extra)) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in err
+
+
+def test_bad_files_are_reported(model_dirs, tmp_path, capsys):
+    root, _, _ = model_dirs
+    (tmp_path / "bad.json").write_text('{"format": 1, "kind": "tree", "parents": [-1, 0, 5]}')
+    assert main(["generate", "x", "--target", str(root / "target"), "--draft",
+                 str(root / "draft"), "--tree", str(tmp_path / "bad.json")]) == 2
+    assert main(["generate", "x", "--target", str(root / "target"), "--draft",
+                 str(root / "other")]) == 2
+    assert main(["generate", "x", "--target", str(tmp_path / "missing"), "--draft",
+                 str(root / "draft")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 3 and "Traceback" not in err
+    assert "bad.json" in errors[0]
+    assert "vocabularies differ" in errors[1]
+    assert "missing" in errors[2]

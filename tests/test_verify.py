@@ -4,7 +4,6 @@ children drawn by propose_children exactly as the engine draws them; plus an
 independent exact enumeration, path validity, determinism, and verify_greedy."""
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from fractions import Fraction
 
@@ -162,8 +161,8 @@ def test_star_matches_exact_law(case, width, replacement):
     """verify_tree on a star: the joint law of (accepted rank, first token) equals the
     enumeration, hence the first token follows p."""
     p, q = (f32(x) for x in star_cases()[case])
-    draws = 2500
-    seed = STAR_RUNS.index((case, width, replacement))
+    draws = 4000
+    seed = 100 + STAR_RUNS.index((case, width, replacement))
     counts = run_star(p, q, width, replacement, draws, seed)
     law = star_outcomes(law_of(p), law_of(q), width, replacement)
     assert_law(counts, law, draws)
@@ -282,7 +281,7 @@ def test_two_level_tree_joint_of_first_two_tokens(shape, kind, replacement, voca
     gen = torch.Generator().manual_seed(vocab + len(shape))
     exact = law_of(target)
     law = {(a, b): exact[0, a] * exact[a, b] for a in range(vocab) for b in range(vocab)}
-    draws = 2500
+    draws = 4000
     counts = Counter(first_two_tokens(tree, target, draft, replacement, gen, draws))
     assert_law(counts, law, draws)
 

@@ -256,9 +256,80 @@ def _cmd_serve(args):
     run_server(create_app(engine, tokenizer, config), config)
 
 
+# --- bench (tuning issue: benchmarks) ------------------------------------------------
+
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="benchmark redwood against transformers baselines",
+                       description="Run autoregressive, transformers generate and assisted "
+                       "generation, chain, specinfer and sequoia on the HumanEval evaluation "
+                       "split (EOS ignored, prefill excluded, methods interleaved per prompt); "
+                       "write a summary JSON, raw per-prompt JSON, a markdown table and plots "
+                       "under --out-dir. --scaling measures tokens per step against tree size.")
+    _add_model_args(p)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny random models built in-process: the whole pipeline in seconds")
+    p.add_argument("--scaling", action="store_true",
+                   help="tokens per target forward vs tree budget 1, 2, 4, ... --max-budget")
+    p.add_argument("--prompts", type=int, default=None, help="evaluation prompts (default 20)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--temperatures", type=float, nargs="+", default=None,
+                   help="default 0 0.6 1.0")
+    p.add_argument("--top-p", type=float, nargs="+", default=None, dest="top_ps",
+                   help="default 1.0 0.9")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="subset of autoregressive hf_generate hf_assisted_default "
+                   "hf_assisted_constant chain specinfer sequoia (default: all)")
+    p.add_argument("--hf-constant-grid", type=int, nargs="+", default=None, metavar="K",
+                   help="constant num_assistant_tokens to try (default 2 3 4 6 8)")
+    p.add_argument("--specinfer-grid", default=None, metavar="KxD,...",
+                   help="specinfer trees to try (default 2x1,2x2,2x3,3x1,3x2,4x2)")
+    p.add_argument("--select-prompts", type=int, default=None,
+                   help="calibration-split prompts that pick the grid entries (default 1; "
+                   "0 = the planner's objective)")
+    p.add_argument("--select-tokens", type=int, default=None, help="tokens per selection run")
+    p.add_argument("--acceptance", nargs="+", default=[], metavar="A.json",
+                   help="acceptance vectors (default: the tuned bundle's)")
+    p.add_argument("--profile", default=None, metavar="P.json",
+                   help="latency profile for planning (default: the tuned bundle's)")
+    p.add_argument("--max-budget", type=int, default=None,
+                   help="largest tree when planning, and the --scaling range (default 32)")
+    p.add_argument("--max-depth", type=int, default=None, help="most tree levels (default 12)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="benchmarks/results")
+    p.add_argument("--machine", default=None, help="name in the output files (default cpu-<N>core)")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _bench_command(args) -> str:
+    """The command line that reproduces this run (every option that was set)."""
+    import shlex
+
+    parts = ["redwood", "bench"]
+    for key, value in vars(args).items():
+        if key in ("func", "verb") or value is None or value is False or value == []:
+            continue
+        parts.append("--" + {"top_ps": "top_p"}.get(key, key).replace("_", "-"))
+        if value is not True:
+            parts += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return shlex.join(parts)
+
+
+def _cmd_bench(args):
+    from redwood.bench import config_from_options, run_command
+
+    options = {key: getattr(args, key) for key in (
+        "prompts", "max_new_tokens", "temperatures", "top_ps", "methods", "hf_constant_grid",
+        "specinfer_grid", "select_prompts", "select_tokens", "max_budget", "max_depth", "seed",
+        "out_dir", "machine")}
+    config = config_from_options(args.quick, plots=not args.no_plots,
+                                 command=_bench_command(args), **options)
+    return run_command(config, _model_config(args), args.acceptance, args.profile, args.scaling)
+
+
 # -------------------------------------------------------------------------------------
 
-_VERBS = [_add_plan, _add_export, _add_generate, _add_demo, _add_serve]
+_VERBS = [_add_plan, _add_export, _add_generate, _add_demo, _add_serve, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

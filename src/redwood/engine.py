@@ -201,10 +201,10 @@ class Engine:
         """Sample one token from the target's logits [V] (argmax when greedy)."""
         if request.greedy:
             return int(logits.argmax())
-        from redwood.sampling import process_logits
+        from redwood.sampling import process_logits, sample_token
 
         probs = process_logits(logits, request.temperature, request.top_k, request.top_p)
-        return int(torch.multinomial(probs, 1, generator=generator))
+        return int(sample_token(probs, generator))
 
     def _chooser(self, request, generator) -> ChildChooser:
         return ChildChooser(request.greedy, request.temperature, request.top_k, request.top_p,

@@ -64,6 +64,27 @@ def test_load_model_round_trip(tmp_path, arch):
         torch.testing.assert_close(loaded(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_weights_are_copied_out_of_the_file_mapping(tmp_path):
+    """Loaded weights must not stay backed by the mapped safetensors file (the kernel could
+    evict them under memory pressure); tied weights stay tied and values are unchanged."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(2)
+    original = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, tie_word_embeddings=True)).eval()
+    original.save_pretrained(str(tmp_path))
+    loaded = models.load_model(tmp_path)
+    with open("/proc/self/maps") as maps:
+        assert str(tmp_path / "model.safetensors") not in maps.read()
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    for (name, a), b in zip(loaded.state_dict().items(), original.state_dict().values()):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype,expected", [("bfloat16", torch.bfloat16), ("fp16", torch.float16),
                                             (torch.float64, torch.float64)])
 def test_load_model_dtype(tiny_dir, dtype, expected):

@@ -45,19 +45,31 @@ class SamplingConfig:
                     seed=self.seed, method=self.method, stop_on_eos=self.stop_on_eos)
 
 
-def load_engine(config: ModelConfig, progress: bool = True):
-    """(engine, tokenizer) for a model config; the tree is validated before the models load."""
+def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
+    """(engine, tokenizer) for a model config; the tree is validated before the models load.
+
+    config.tree: None (the shipped default tree), a tree JSON, a tuned bundle directory or
+    "auto" (the bundle in $REDWOOD_BUNDLE, else the one shipped for the pair); from a bundle
+    the tree tuned for the temperature nearest `temperature` is used, and its draft
+    quantisation too unless config.draft_quantize says otherwise.
+    """
     from redwood.models import load_pair
-    from redwood.tree import Tree
+    from redwood.presets import find_bundle, resolve_tree
+    from redwood.shipped import DEFAULT_PAIR
 
     if config.model is not None and (config.target or config.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
+    pair = None if config.target else (config.model or DEFAULT_PAIR)
     tree = None
+    draft_quantize = config.draft_quantize
     if config.tree is not None:
-        tree = Tree.load(config.tree)
+        tree = resolve_tree(config.tree, temperature, pair)
+        bundle = find_bundle(config.tree, pair)
+        if bundle is not None and draft_quantize is None:
+            draft_quantize = bundle.draft_quantize
     target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
                                          dtype=config.dtype, device=config.device,
-                                         draft_quantize=config.draft_quantize, progress=progress)
+                                         draft_quantize=draft_quantize, progress=progress)
     return Engine(target, draft, tree), tokenizer
 
 

@@ -61,7 +61,8 @@ class TuneSettings:
 @dataclass
 class VariantResult:
     """One draft variant: its profile, and per temperature the vector and the choice."""
-    name: str                        # "none" (the draft as loaded) or a quantisation, "int8"
+    name: str                        # shown and used as alternatives/<name>: "float32", "int8"
+    quantize: str | None             # the draft's --draft-quantize (None: as loaded)
     profile: Profile
     acceptances: dict = field(default_factory=dict)     # temperature -> Acceptance
     choices: dict = field(default_factory=dict)         # temperature -> planner.TreeChoice
@@ -119,7 +120,9 @@ def _measure(target, draft, draft_quantize, other_drafts, prompts, settings, lab
     profile = profile_latency(target, draft, context=settings.context, budgets=sizes,
                               repeats=settings.repeats, warmup=settings.warmup,
                               progress=progress, seed=settings.seed)
-    variants = [VariantResult(draft_quantize or "none", profile)]
+    from redwood.profile import model_dtype
+
+    variants = [VariantResult(draft_quantize or model_dtype(draft), draft_quantize, profile)]
     for name, model in other_drafts.items():
         # The target's times are shared; only the draft's are measured again.
         other = profile_latency(target, model, context=settings.context, budgets=[1],
@@ -130,7 +133,7 @@ def _measure(target, draft, draft_quantize, other_drafts, prompts, settings, lab
                          extra={**profile.extra, "draft_dtype": other.extra["draft_dtype"],
                                 "samples_ms": {"target": profile.extra["samples_ms"]["target"],
                                                "draft": other.extra["samples_ms"]["draft"]}})
-        variants.append(VariantResult(name, merged))
+        variants.append(VariantResult(name, name, merged))
     models = {variants[0].name: draft, **other_drafts}
     for variant in variants:
         for temperature in settings.temperatures:
@@ -148,23 +151,23 @@ def _calibrate_and_plan(target, draft, variant, temperature, prompts, settings, 
                            top_k=settings.top_k, method=settings.method, width=settings.width,
                            max_new_tokens=settings.max_new_tokens, seed=settings.seed,
                            progress=progress, dataset=dataset, target_name=labels.get("target"),
-                           draft_name=_draft_label(labels.get("draft"), variant.name))
+                           draft_name=_draft_label(labels.get("draft"), variant.quantize))
     choice = choose_tree(acceptance, variant.profile, settings.max_budget, settings.max_depth)
     tag = temperature_tag(temperature)
     choice.tree.source.update({
         "tool": "redwood tune", "temperature": temperature, "top_p": settings.top_p,
         "top_k": settings.top_k or None, "method": settings.method,
-        "draft_quantize": None if variant.name == "none" else variant.name,
+        "draft_quantize": variant.quantize,
         "acceptance": f"acceptance-{tag}.json", "profile": "profile.json",
         "predicted_tokens_per_step": choice.tokens_per_step})
     variant.acceptances[temperature] = acceptance
     variant.choices[temperature] = choice
 
 
-def _draft_label(label, variant_name) -> str | None:
-    if label is None or variant_name == "none":
+def _draft_label(label, quantize) -> str | None:
+    if label is None or quantize is None:
         return label
-    return f"{label} ({variant_name})"
+    return f"{label} ({quantize})"
 
 
 # --- writing the bundle ----------------------------------------------------------------
@@ -263,14 +266,14 @@ def _entries(variant: VariantResult, prefix: str = "") -> list[dict]:
 def bundle_index(name: str, chosen: VariantResult, variants, settings, meta) -> dict:
     from redwood import __version__
 
-    alternatives = [{"draft_quantize": None if v.name == "none" else v.name,
+    alternatives = [{"draft_quantize": v.quantize,
                      "directory": f"alternatives/{v.name}",
                      "mean_predicted_speedup": v.mean_speedup,
                      "trees": _entries(v, f"alternatives/{v.name}/")}
                     for v in variants if v is not chosen]
     return {"format": BUNDLE_FORMAT, "kind": "bundle", "name": name,
             "target": meta["labels"].get("target", ""), "draft": meta["labels"].get("draft", ""),
-            "draft_quantize": None if chosen.name == "none" else chosen.name,
+            "draft_quantize": chosen.quantize,
             "mean_predicted_speedup": chosen.mean_speedup,
             "device": chosen.profile.device, "dtype": chosen.profile.dtype,
             "draft_dtype": chosen.profile.extra.get("draft_dtype"),

@@ -242,27 +242,66 @@ def test_hf_generation_config_is_clean():
     config = hf_generation_config(model, Setting(0.6, 0.9), 7)
     assert (config.do_sample, config.temperature, config.top_p) == (True, 0.6, 0.9)
     assert (config.top_k, config.repetition_penalty) == (0, 1.0)
-    assert config.min_new_tokens == config.max_new_tokens == 7
+    assert config.max_new_tokens == 7 and list(config.eos_token_id) == []
     assert hf_generation_config(model, Setting(0.0, 1.0), 3).do_sample is False
 
 
 def test_runners_count_forwards_and_tokens():
     """transformers greedy (alone or assisted) = redwood autoregressive greedy, and the
     runners' forward counts and token counts are what each method must produce."""
+    from redwood.bench_inputs import quick_pair
     from redwood.engine import Engine
-    from redwood.tiny import random_prompts, tiny_pair
+    from redwood.prompts import humaneval_prompts
     from redwood.tree import chain
 
     torch.set_num_threads(1)
-    target, draft = tiny_pair()
-    ids = random_prompts(1, length=10)[0]
-    greedy = Setting(0.0, 1.0)
-    ours = redwood_runner(Engine(target, draft, chain(1)), "autoregressive")(ids, greedy, 0, 9)
-    hf = hf_runner(target)(ids, greedy, 0, 9)
-    assisted = hf_runner(target, draft, AssistantSchedule(3))(ids, greedy, 0, 9)
-    assert hf.tokens == ours.tokens == assisted.tokens and len(ours.tokens) == 9
-    assert ours.target_forwards == 9 and hf.target_forwards == 9 and hf.timed_tokens == 8
-    assert assisted.target_forwards <= 9 and assisted.draft_forwards >= assisted.target_forwards
+    pair = quick_pair()
+    target, draft = pair.target, pair.draft
+    ids = pair.encode(humaneval_prompts("evaluation", limit=5))[4]
+    greedy, m = Setting(0.0, 1.0), 80
+    ours = redwood_runner(Engine(target, draft, chain(1)), "autoregressive")(ids, greedy, 0, m)
+    assert 1 in ours.tokens[:-1]       # the target's greedy path crosses EOS (id 1) and goes on
+    hf = hf_runner(target)(ids, greedy, 0, m)
+    assisted = hf_runner(target, draft, AssistantSchedule(3))(ids, greedy, 0, m)
+    assert hf.tokens == ours.tokens == assisted.tokens and len(ours.tokens) == m
+    assert ours.target_forwards == m and hf.target_forwards == m and hf.timed_tokens == m - 1
+    assert assisted.target_forwards < m and assisted.draft_forwards >= assisted.target_forwards
     assert draft.generation_config.num_assistant_tokens != 3    # schedule restored afterwards
     for m in (ours, hf, assisted):
         assert m.decode_seconds > 0 and m.other_seconds >= 0
+
+
+def _script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engine_overhead_script_quick(tmp_path):
+    out = tmp_path / "overhead.json"
+    report = _script("engine_overhead").main(["--quick", "--prompts", "1", "--max-new-tokens",
+                                              "10", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    for row in report["rows"]:
+        parts = row["target_forward_ms"] + row["draft_forwards_ms"] + row["everything_else_ms"]
+        assert parts == pytest.approx(row["step_ms"])
+        assert row["steps"] * row["tokens_per_step"] == pytest.approx(row["tokens"])
+        assert 0 < row["target_forward_ms"] <= row["engine_split_ms"]["target"] + 1e-9
+    sequoia, plain = report["rows"]
+    assert sequoia["draft_forwards_ms"] > 0 and plain["draft_forwards_ms"] == 0
+    assert "keep_tail" in sequoia["helpers_ms"] and plain["tree_nodes"] == 1
+
+
+def test_compare_hf_script_quick(tmp_path, capsys):
+    summary = _script("compare_hf").main(["--quick", "--prompts", "1", "--max-new-tokens", "10",
+                                          "--out-dir", str(tmp_path), "--no-plots"])
+    assert [r["method"] for r in summary["summary"]] == ["autoregressive", "hf_generate", "sequoia"]
+    assert all(r["greedy_matches_autoregressive"] for r in summary["summary"])
+    printed = capsys.readouterr().out
+    assert "sequoia / autoregressive:" in printed and "identical to autoregressive: yes" in printed
+    assert (tmp_path / f"{summary['stem']}.md").is_file()

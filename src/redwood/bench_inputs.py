@@ -186,7 +186,7 @@ def _distance(measured, asked) -> float:
 
 def plan_inputs(pair: Pair, acceptance_files=(), profile_file=None, tree_spec=None,
                 max_budget: int = 32, max_depth: int = 12, temperatures=(0.0,),
-                quick_seed: int = 0) -> PlanInputs:
+                quick_seed: int = 0, measure_quick: bool = True) -> PlanInputs:
     """Gather vectors, profile and tree source for `pair` (see the module doc for the order)."""
     from redwood import presets
 
@@ -210,7 +210,7 @@ def plan_inputs(pair: Pair, acceptance_files=(), profile_file=None, tree_spec=No
             inputs.profile_source = f"tuned bundle {bundle.directory / 'profile.json'}"
         if not vectors and not profile_file:
             inputs.bundle = bundle
-    if pair.quick:
+    if pair.quick and measure_quick:
         _measure_quick(inputs, pair, temperatures, quick_seed)
     return inputs
 

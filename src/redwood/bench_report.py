@@ -223,8 +223,10 @@ def _notes(config) -> list[str]:
              "same prompt (plus a 1-token generate of the draft for assisted generation), "
              "subtracted from the wall time, and the first token is not counted",
              "greedy (T = 0) ignores top_p, so T = 0 runs once, at the largest top_p",
-             "EOS ignored: redwood with stop_on_eos=False, transformers with "
-             "min_new_tokens = max_new_tokens",
+             "EOS ignored by every method: redwood with stop_on_eos=False, transformers "
+             "with no EOS ids in its generation config (it neither stops at EOS nor "
+             "suppresses it, so greedy outputs stay comparable token for token; "
+             "min_new_tokens would suppress EOS and change the distribution)",
              "speedups are medians over prompts of per-prompt ratios; tokens/step is pooled "
              "(all tokens / all target forwards)",
              "predicted tokens/step: the tree's expected length under the acceptance vector "

@@ -11,7 +11,8 @@ Prefill is excluded for every method (DESIGN.md §6):
   generation, a 1-token `generate` of the draft alone: its prefill happens inside the
   first assisted step). The estimate is subtracted from the run's wall time, and the first
   token (made by that prefill) is not counted: tokens/s = (M - 1) / (wall - estimate).
-Forward counts and time in each model come from forward hooks on the two models.
+Forward counts and time in each model come from forward hooks on the two models. EOS is
+ignored by every method (see hf_generation_config).
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ class ForwardTimer:
         self.module = module
         self.calls = 0
         self.seconds = 0.0
+        self.durations: list[float] = []    # seconds of each call, in order
         self._start = None
         self._handles = []
 
@@ -114,8 +116,10 @@ class ForwardTimer:
 
         def after(module, args, output):
             self._sync()
+            seconds = time.perf_counter() - self._start
             self.calls += 1
-            self.seconds += time.perf_counter() - self._start
+            self.seconds += seconds
+            self.durations.append(seconds)
 
         self._handles = [self.module.register_forward_pre_hook(before),
                          self.module.register_forward_hook(after)]
@@ -129,7 +133,11 @@ class ForwardTimer:
 
 def hf_generation_config(model, setting: Setting, max_new_tokens: int):
     """A clean GenerationConfig: exactly the benchmark's sampling, nothing from the model's
-    defaults (no top-k, no repetition penalty), EOS suppressed until max_new_tokens."""
+    defaults (no top-k, no repetition penalty), and EOS ignored the way redwood's
+    stop_on_eos=False ignores it: no EOS ids at all (an empty list, which the model's
+    defaults do not override), so generation neither stops at EOS nor suppresses it.
+    (`min_new_tokens` would suppress EOS, changing the target's distribution: greedy outputs
+    would then differ from every redwood method after the first EOS.)"""
     from transformers import GenerationConfig
 
     eos = model.generation_config.eos_token_id if model.generation_config else None
@@ -137,9 +145,9 @@ def hf_generation_config(model, setting: Setting, max_new_tokens: int):
         eos = model.config.eos_token_id
     pad = eos[0] if isinstance(eos, (list, tuple)) else eos
     sampled = setting.temperature > 0
-    options = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                   do_sample=sampled, num_beams=1, repetition_penalty=1.0, top_k=0,
-                   eos_token_id=eos, pad_token_id=pad)
+    options = dict(max_new_tokens=max_new_tokens, do_sample=sampled, num_beams=1,
+                   repetition_penalty=1.0, top_k=0, eos_token_id=[],
+                   pad_token_id=pad if pad is not None else 0)
     if sampled:
         options.update(temperature=setting.temperature, top_p=setting.top_p)
     return GenerationConfig(**options)

@@ -15,13 +15,16 @@ import time
 import torch
 
 
-def timed_forward(model, ids, cache, context: int) -> tuple[float, torch.Tensor]:
+def timed_forward(model, ids, cache, context: int) -> tuple[float, float, torch.Tensor]:
+    """(wall ms, process CPU ms, logits). With one thread, CPU time is what the forward costs
+    with the machine to itself: it excludes time spent descheduled by other processes."""
     positions = torch.arange(context, context + ids.shape[1]).unsqueeze(0)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     logits = model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).logits
     elapsed = (time.perf_counter() - start) * 1e3
+    cpu = (time.process_time() - start_cpu) * 1e3
     cache.crop(-ids.shape[1])
-    return elapsed, logits
+    return elapsed, cpu, logits
 
 
 def main(argv=None):
@@ -31,12 +34,14 @@ def main(argv=None):
     parser.add_argument("--n", type=int, nargs="+", default=list(range(1, 17)))
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--rows", type=int, nargs=2, default=None,
+                        help="row range for the fast path (default: fastlinear.DEFAULT_ROWS)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
     from transformers import DynamicCache
 
-    from redwood.fastlinear import disable_fast_linear, enable_fast_linear
+    from redwood.fastlinear import DEFAULT_ROWS, disable_fast_linear, enable_fast_linear
     from redwood.models import load_model
     from redwood.shipped import shipped_model_dir
 
@@ -50,23 +55,24 @@ def main(argv=None):
         model(input_ids=prompt, cache=cache, use_cache=True)
         for n in args.n:
             ids = torch.randint(0, model.config.vocab_size, (1, n), generator=generator)
-            times = {"stock": [], "fast": []}
+            times = {"stock": [], "fast": [], "stock_cpu": [], "fast_cpu": []}
             diffs = []
             for rep in range(args.reps + 1):           # rep 0 warms up both paths
                 disable_fast_linear(model)
-                t_stock, stock = timed_forward(model, ids, cache, args.context)
-                enable_fast_linear(model)
-                t_fast, fast = timed_forward(model, ids, cache, args.context)
+                t_stock, c_stock, stock = timed_forward(model, ids, cache, args.context)
+                enable_fast_linear(model, rows=tuple(args.rows or DEFAULT_ROWS))
+                t_fast, c_fast, fast = timed_forward(model, ids, cache, args.context)
                 if rep:
-                    times["stock"].append(t_stock)
-                    times["fast"].append(t_fast)
+                    for key, value in (("stock", t_stock), ("fast", t_fast),
+                                       ("stock_cpu", c_stock), ("fast_cpu", c_fast)):
+                        times[key].append(value)
                 diffs.append((stock - fast).abs().max().item())
             rows[n] = {k: {"min": round(min(v), 1), "median": round(statistics.median(v), 1)}
                        for k, v in times.items()}
             rows[n]["max_logit_diff"] = max(diffs)
             rows[n]["same_argmax"] = bool(torch.equal(stock.argmax(-1), fast.argmax(-1)))
             print(n, json.dumps(rows[n]), flush=True)
-    result = {"path": str(path), "context": args.context, "threads": torch.get_num_threads(),
+    result = {"path": str(path), "rows": list(args.rows or DEFAULT_ROWS), "context": args.context, "threads": torch.get_num_threads(),
               "reps": args.reps, "forward_ms": rows,
               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
     if args.out:

@@ -173,6 +173,9 @@ def test_load_pair_from_directories(tmp_path, tiny_dir):
         torch.testing.assert_close(target(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
         assert not torch.equal(draft(INPUT).logits, target(INPUT).logits)
     tiny_causal_lm(vocab_size=40).save_pretrained(str(tmp_path / "other"))
+    with pytest.raises(RedwoodError, match="vocabularies differ.* 64 .* 40"):
+        models.load_pair(target=directory, draft=tmp_path / "other")
+    (tmp_path / "other" / "model.safetensors").unlink()      # refused before loading weights
     with pytest.raises(RedwoodError, match="vocabularies differ"):
         models.load_pair(target=directory, draft=tmp_path / "other")
     with pytest.raises(RedwoodError, match="both --target and --draft"):

@@ -39,6 +39,48 @@ def save_tiny_tokenizer(directory: Path, vocab_size=64):
         .save_pretrained(str(directory))
 
 
+def write_tiny_gguf(path: Path, model) -> Path:
+    """Write a tiny Qwen2 model as an unquantised (F32) GGUF with a byte-level BPE tokenizer
+    whose 64 tokens are a..z, aa..zz, aaa..jjj."""
+    import gguf
+    import numpy as np
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["<unk>", "<eos>"] + [letters[i % 26] * (1 + i // 26) for i in range(62)])
+    writer.add_token_types([1] * 64)
+    writer.add_token_merges([f"{c} {c}" for c in letters] + [f"{c}{c} {c}" for c in letters[:10]])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+    for name, tensor in model.state_dict().items():
+        if name.startswith("model.layers."):          # model.layers.<i>.<module>.<weight|bias>
+            layer, rest = name.split(".", 3)[2:]
+            module, kind = rest.rsplit(".", 1)
+            names[name] = f"blk.{layer}.{per_layer[module]}.{kind}"
+        writer.add_tensor(names[name], tensor.numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @pytest.fixture
 def tiny_dir(tmp_path):
     """A saved tiny Qwen2 model + tokenizer; returns (dir, the in-memory model)."""
@@ -62,6 +104,24 @@ def test_load_model_round_trip(tmp_path, arch):
     assert type(loaded) is type(original)
     with torch.no_grad():
         torch.testing.assert_close(loaded(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
+
+
+def test_load_gguf_file(tmp_path):
+    original = tiny_causal_lm("qwen2", seed=7)
+    gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf", original)
+    loaded = models.load_model(gguf_path)
+    assert not hasattr(loaded.config, "quantization_config") and not loaded.training
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
+    tokenizer = models.load_tokenizer(gguf_path)
+    assert tokenizer("abbccc").input_ids == [2, 29, 56]           # a, bb, ccc
+    # a directory holding exactly one .gguf works too, and a loaded GGUF model can be saved
+    same = models.load_model(tmp_path, dtype="float64")
+    assert next(same.parameters()).dtype == torch.float64
+    loaded.save_pretrained(str(tmp_path / "saved"))
+    resaved = models.load_model(tmp_path / "saved")
+    with torch.no_grad():
+        torch.testing.assert_close(resaved(INPUT).logits, original(INPUT).logits, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")

@@ -156,7 +156,7 @@ def _load_failed(path: Path, err: Exception) -> RedwoodError:
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     hint = "the files may be corrupt or incomplete: fetch them again"
     if (path / MANIFEST).is_file():
-        problem = check_manifest(path, verify="full")
+        problem = check_manifest(path)
         hint = (f"the redwood cache is damaged ({problem}): delete {path} and run again"
                 if problem else f"delete {path} and run again to rebuild it")
     return RedwoodError(f"could not load the model in {path} ({reason}); {hint}")

@@ -172,6 +172,33 @@ def test_corrupt_or_wrong_version_part_is_reported(tmp_path, fake_pair):
         shipped.part_files(wrong)
 
 
+def test_disk_full_and_other_errors(fake_pair, monkeypatch):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shipped.shutil, "disk_usage", lambda path: usage(10**12, 10**12, 1000))
+    with pytest.raises(RedwoodError, match="not enough disk space .* REDWOOD_CACHE"):
+        build(fake_pair)
+    monkeypatch.setattr(shipped.shutil, "disk_usage", shutil.disk_usage)
+
+    def disk_full(gguf_path, out_dir):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shipped, "_dequantise_to", disk_full)
+    with pytest.raises(RedwoodError, match="cannot write the model cache .*No space left"):
+        build(fake_pair)
+
+    def unreadable(gguf_path, out_dir):               # not a cache-writing problem: re-raised
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(shipped, "_dequantise_to", unreadable)
+    with pytest.raises(OSError, match="Input/output"):
+        build(fake_pair)
+    assert [p.name for p in (fake_pair["cache"] / "fake").iterdir()] == [".lock"]
+
+
 def test_cache_root_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "a"))
     assert shipped.cache_root() == tmp_path / "a"

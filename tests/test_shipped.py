@@ -178,10 +178,11 @@ def test_disk_full_and_other_errors(fake_pair, monkeypatch):
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shipped.shutil, "disk_usage", lambda path: usage(10**12, 10**12, 1000))
+    real_disk_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12, 1000))
     with pytest.raises(RedwoodError, match="not enough disk space .* REDWOOD_CACHE"):
         build(fake_pair)
-    monkeypatch.setattr(shipped.shutil, "disk_usage", shutil.disk_usage)
+    monkeypatch.setattr(shutil, "disk_usage", real_disk_usage)
 
     def disk_full(gguf_path, out_dir):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -15,6 +15,7 @@ machine (thermal, other processes) spreads over all sizes instead of bending the
 """
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -131,6 +132,7 @@ def profile_latency(target, draft, context: int = 256, budgets=None, widths=None
     jobs = [("target", n) for n in budgets] + [("draft", w) for w in widths]
     for name, size in jobs:
         benches[name].prepare(size, vocab, generator)
+    load_before = _load_average()
     samples = {job: [] for job in jobs}
     timer = _Timer(target.device)
     bar = _progress_bar(len(jobs) * (warmup + repeats), progress)
@@ -152,6 +154,7 @@ def profile_latency(target, draft, context: int = 256, budgets=None, widths=None
                           "statistic": "median", "target": _model_label(target),
                           "draft": _model_label(draft), "torch": torch.__version__,
                           "threads": torch.get_num_threads(),
+                          "load_average_1min": {"before": load_before, "after": _load_average()},
                           "target_shape": "DP tree (<= 8 levels), all rows' logits",
                           "draft_shape": "one level of w siblings, all rows' logits"},
                "samples_ms": {"target": {str(n): samples[("target", n)] for n in budgets},
@@ -178,6 +181,14 @@ def model_dtype(model) -> str:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     quantized = any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
     return f"int8-dynamic+{dtype}" if quantized else dtype
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average: timings taken while other work runs are slower."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def _model_label(model) -> str:

@@ -96,7 +96,7 @@ def test_cli_tune_bad_input_exits_2(tmp_path, capsys, argv, message):
 
 # --- bundles and --tree auto -------------------------------------------------------------
 
-def _hand_bundle(directory, trees):
+def _hand_bundle(directory, trees, draft_quantize="int8"):
     """A minimal bundle: {temperature: tree}."""
     directory.mkdir()
     entries = []
@@ -107,7 +107,7 @@ def _hand_bundle(directory, trees):
                         "depth": tree.num_levels, "tokens_per_step": 1.0,
                         "predicted_speedup": 1.0})
     (directory / "bundle.json").write_text(json.dumps(
-        {"format": 1, "kind": "bundle", "draft_quantize": "int8", "trees": entries}))
+        {"format": 1, "kind": "bundle", "draft_quantize": draft_quantize, "trees": entries}))
     return directory
 
 
@@ -169,6 +169,24 @@ def test_generate_tree_auto_without_a_bundle_exits_2_before_loading(tmp_path, ca
                str(tmp_path / "d"), "--tree", "auto"])
     err = capsys.readouterr().err
     assert rc == 2 and "redwood tune" in err and "Traceback" not in err
+
+
+def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shipped_tokenizer,
+                                                                    monkeypatch):
+    from redwood.textgen import ModelConfig, load_engine
+    from redwood.tiny import tiny_model
+
+    model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)   # only the tree is checked
+    for name in ("target", "draft"):
+        model.save_pretrained(tmp_path / name)
+    shipped_tokenizer.save_pretrained(tmp_path / "target")
+    bundle = _hand_bundle(tmp_path / "hand", {0.0: chain(3), 1.0: specinfer(2, 2)},
+                          draft_quantize=None)
+    monkeypatch.setenv(BUNDLE_ENV, str(bundle))
+    config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
+                         tree="auto")
+    engine, _ = load_engine(config, progress=False, temperature=0.9)
+    assert engine.tree == specinfer(2, 2)
 
 
 def test_shipped_bundle_is_valid():

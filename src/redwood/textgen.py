@@ -22,6 +22,7 @@ class ModelConfig:
     dtype: str | None = None
     device: str = "cpu"
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
+    fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
 
 
 @dataclass
@@ -69,7 +70,8 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
             draft_quantize = bundle.draft_quantize
     target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
                                          dtype=config.dtype, device=config.device,
-                                         draft_quantize=draft_quantize, progress=progress)
+                                         draft_quantize=draft_quantize, progress=progress,
+                                         fast_linear=config.fast_linear)
     return Engine(target, draft, tree), tokenizer
 
 

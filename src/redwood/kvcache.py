@@ -21,13 +21,17 @@ def keep_tail(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
     """Keep positions [0, start) plus `start + keep` (in that order); drop the rest.
 
     keep: [k] long offsets into the tail that starts at `start` (sorted, distinct).
-    Only the tail is rewritten, so the cost is O(tail), not O(context).
+    The kept entries are moved down in place and the cache is cut to a view, so the
+    cost is O(k), not O(context).
     """
+    k = len(keep)
+    contiguous = bool((keep == torch.arange(k, device=keep.device)).all())
     for layer in cache.layers:
         for name in ("keys", "values"):
             full = getattr(layer, name)                     # [batch, kv_heads, length, head_dim]
-            picked = full.index_select(2, keep + start)     # [batch, kv_heads, k, head_dim]
-            setattr(layer, name, torch.cat([full[:, :, :start], picked], dim=2))
+            if not contiguous:                              # a chain's path needs no moving
+                full[:, :, start:start + k] = full.index_select(2, keep + start)
+            setattr(layer, name, full[:, :, :start + k])
 
 
 def crop(cache: DynamicCache, length: int) -> None:

@@ -180,3 +180,15 @@ def test_closing_a_stream_keeps_what_was_generated(pair):
             stream.close()
     assert stream.result.finish_reason == "stopped"
     assert stream.result.tokens == seen and sum(stream.result.accepted) == len(seen)
+
+
+def test_a_request_can_bring_its_own_tree(pair):
+    target, draft = pair
+    engine = Engine(target, draft, Tree(TREES["chain5"]))
+    prompt = torch.tensor([7, 8, 9])
+    deep = engine.generate(prompt, 30, stop_on_eos=False)
+    star = engine.generate(prompt, 30, stop_on_eos=False, tree=Tree(TREES["star4"]))
+    assert star.tokens == deep.tokens
+    assert max(star.accepted) <= 2 < max(deep.accepted)     # a star gains at most one draft token
+    with pytest.raises(RedwoodError, match="redwood.Tree"):
+        engine.generate(prompt, 5, tree=[-1, 0])

@@ -36,6 +36,7 @@ class Request:
     seed: int | None = None
     method: str = "sequoia"
     stop_on_eos: bool = True
+    tree: Tree | None = None
 
     @property
     def greedy(self) -> bool:
@@ -104,9 +105,10 @@ class Engine:
 
     def stream(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, method: str = "sequoia",
-               stop_on_eos: bool = True) -> Stream:
+               stop_on_eos: bool = True, tree: Tree | None = None) -> Stream:
+        """Generate lazily; `tree` overrides the engine's tree for this request only."""
         request = self._validate(input_ids, max_new_tokens, temperature, top_p, top_k, seed,
-                                 method, stop_on_eos)
+                                 method, stop_on_eos, tree if tree is not None else self.tree)
         state = DecodeState()
         return Stream(self._run(request, state), state)
 
@@ -115,7 +117,7 @@ class Engine:
     def _run(self, request: Request, state: DecodeState):
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        layout = self._layout(request.method)
+        layout = self._layout(request.method, request.tree)
         tree = layout.tree
         speculative = request.method != "autoregressive" and len(tree) > 1
         stats = StepStats(accepted_at_depth=[0] * (tree.num_levels - 1 if speculative else 0))
@@ -210,13 +212,14 @@ class Engine:
         return ChildChooser(request.greedy, request.temperature, request.top_k, request.top_p,
                             replacement=request.method in ("specinfer", "chain"), generator=generator)
 
-    def _layout(self, method: str) -> TreeLayout:
+    def _layout(self, method: str, tree: Tree) -> TreeLayout:
         """The tree a method runs (chain: one child per level, as deep as the tree), cached."""
-        tree = self.tree
         if method == "chain":
-            tree = Tree(list(range(-1, self.tree.num_levels - 1)), {"kind": "chain"})
-        key = (method == "chain", id(self.tree))
-        if self._layouts.get(key) is None or self._layouts[key].tree.parents != tree.parents:
+            tree = Tree(list(range(-1, tree.num_levels - 1)), {"kind": "chain"})
+        key = tuple(tree.parents)
+        if key not in self._layouts:
+            if len(self._layouts) >= 32:                # requests may bring their own trees
+                self._layouts.clear()
             self._layouts[key] = TreeLayout.build(tree, self.device)
         return self._layouts[key]
 
@@ -233,7 +236,7 @@ class Engine:
         return time.perf_counter()
 
     def _validate(self, input_ids, max_new_tokens, temperature, top_p, top_k, seed, method,
-                  stop_on_eos) -> Request:
+                  stop_on_eos, tree) -> Request:
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and ids.shape[0] == 1:
             ids = ids[0]
@@ -248,14 +251,16 @@ class Engine:
         vocab = self.target.config.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise RedwoodError(f"prompt token ids must lie in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
-        needed = ids.numel() + max_new_tokens + self.tree.num_levels
+        if not isinstance(tree, Tree):
+            raise RedwoodError(f"tree must be a redwood.Tree, got {type(tree).__name__}")
+        needed = ids.numel() + max_new_tokens + tree.num_levels
         if self.max_positions is not None and needed > self.max_positions:
             raise RedwoodError(
                 f"prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
-                f"({self.tree.num_levels}) = {needed} exceeds the model context of {self.max_positions} "
+                f"({tree.num_levels}) = {needed} exceeds the model context of {self.max_positions} "
                 "positions; shorten the prompt or lower max_new_tokens")
         return Request(ids.long(), max_new_tokens, float(temperature), float(top_p), top_k, seed,
-                       method, stop_on_eos)
+                       method, stop_on_eos, tree)
 
 
 def check_sampling(max_new_tokens, temperature, top_p, top_k) -> None:

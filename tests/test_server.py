@@ -592,8 +592,8 @@ def test_cli_serve_end_to_end(tmp_path, pair, engine, tokenizer):
 def test_cli_serve_refuses_bad_arguments(capsys):
     from redwood.cli import main
 
-    assert main(["serve", "--tree", "auto"]) == 2
+    assert main(["serve", "--tree", "no/such/tree.json"]) == 2
     assert main(["serve", "--port", "70000"]) == 2
     assert main(["serve", "--model", "qwen2.5-coder", "--target", "x", "--draft", "y"]) == 2
     err = capsys.readouterr().err
-    assert "--tree auto" in err and "--port" in err and "either --model" in err
+    assert "no/such/tree.json does not exist" in err and "--port" in err and "either --model" in err

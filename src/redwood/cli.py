@@ -165,7 +165,7 @@ def _cmd_generate(args):
     sampling = _sampling_config(args)
     if not args.prompt.strip():
         raise RedwoodError("the prompt is empty: give some text to continue")
-    engine, tokenizer = load_engine(_model_config(args))
+    engine, tokenizer = load_engine(_model_config(args), temperature=args.temperature)
     encode_prompt(tokenizer, args.prompt, args.chat)          # fail on a bad prompt before streaming
     on_text = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result, text = stream_text(engine, tokenizer, args.prompt, sampling, args.chat, on_text)
@@ -200,12 +200,7 @@ def _add_serve(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, "
                        "/health and /metrics (Prometheus) with tree speculative decoding.")
-    p.add_argument("--model", default=None,
-                   help="shipped model pair to serve (default: qwen2.5-coder)")
-    p.add_argument("--target", default=None, help="target model: HF directory or .gguf file")
-    p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
-    p.add_argument("--tree", default=None,
-                   help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+    _add_model_args(p)
     p.add_argument("--method", default="sequoia",
                    choices=["sequoia", "specinfer", "chain", "autoregressive"])
     p.add_argument("--host", default="127.0.0.1",
@@ -219,42 +214,44 @@ def _add_serve(sub):
                    help="max_tokens for requests that give none (default 256)")
     p.add_argument("--served-name", default=None,
                    help="model id shown in /v1/models and responses (default: the model's name)")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_serve(args):
+    import functools
     import os
     from pathlib import Path
 
-    if args.tree == "auto":
-        raise RedwoodError("--tree auto is not available in this version; give a tree JSON "
-                           "(redwood plan ...) or omit --tree for the default tree")
+    from redwood.presets import find_bundle
+    from redwood.shipped import DEFAULT_PAIR
+
     if args.model is not None and (args.target or args.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
-    if args.tree is not None and not Path(args.tree).is_file():
-        raise RedwoodError(f"tree file {args.tree} does not exist; make one with `redwood plan`")
     if not 0 <= args.port < 65536:
         raise RedwoodError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    pair = None if args.target else (args.model or DEFAULT_PAIR)
+    # A tuned bundle (--tree auto or a bundle dir) gives each request the tree tuned for the
+    # temperature nearest its own.
+    bundle = find_bundle(args.tree, pair) if args.tree else None
+    if args.tree and bundle is None and not Path(args.tree).is_file():
+        raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "
+                           "a bundle directory (`redwood tune`) or 'auto'")
     from redwood.server import ServerConfig, create_app, run_server
+    from redwood.textgen import load_engine
 
     config = ServerConfig(
         model_name=args.served_name or args.model or (Path(args.target).name if args.target
-                                                      else "qwen2.5-coder"),
+                                                      else DEFAULT_PAIR),
         method=args.method, max_queue=args.max_queue, default_max_tokens=args.max_tokens,
         api_key=args.api_key or os.environ.get("REDWOOD_API_KEY") or None,
-        host=args.host, port=args.port)
-    from redwood.engine import Engine
-    from redwood.models import load_pair
-
-    target, draft, tokenizer = load_pair(args.model, target=args.target, draft=args.draft,
-                                         dtype=args.dtype, device=args.device)
-    engine = Engine(target, draft, args.tree)
+        host=args.host, port=args.port,
+        tree_for_temperature=functools.lru_cache(maxsize=None)(bundle.tree) if bundle else None)
+    engine, tokenizer = load_engine(_model_config(args))
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)
-    print(f"redwood serve: {config.model_name} ({args.method}, tree of {len(engine.tree)} nodes) "
+    trees = f"bundle {bundle.directory}" if bundle else f"tree of {len(engine.tree)} nodes"
+    print(f"redwood serve: {config.model_name} ({args.method}, {trees}) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run_server(create_app(engine, tokenizer, config), config)
 

@@ -55,8 +55,10 @@ class QueueFull(Exception):
 class GenerationWorker:
     """Owns the engine; `submit` enqueues (or raises QueueFull), one thread generates."""
 
-    def __init__(self, engine, tokenizer, method: str, max_queue: int, metrics: ServerMetrics):
+    def __init__(self, engine, tokenizer, method: str, max_queue: int, metrics: ServerMetrics,
+                 tree_for_temperature=None):
         self.engine, self.tokenizer, self.method, self.metrics = engine, tokenizer, method, metrics
+        self.tree_for_temperature = tree_for_temperature      # temperature -> Tree, or None
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.thread: threading.Thread | None = None
         self.current: Job | None = None
@@ -120,7 +122,8 @@ class GenerationWorker:
         stream = self.engine.stream(
             torch.tensor([req.prompt_ids], dtype=torch.long), req.max_tokens,
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-            method=self.method)
+            method=self.method,
+            tree=self.tree_for_temperature(req.temperature) if self.tree_for_temperature else None)
         text = IncrementalText(self.tokenizer, req.stop)
         steps: list[int] = []           # tokens gained by each target forward
         previous = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from redwood.errors import RedwoodError
 from redwood.prompts import humaneval_prompts
@@ -12,10 +13,19 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 96, problem: int = 0) ->
     prompts = humaneval_prompts("evaluation")
     if not 0 <= problem < len(prompts):
         raise RedwoodError(f"--problem must be in 0..{len(prompts) - 1}")
+    from redwood.presets import is_bundle_dir, shipped_bundle_dir
+    from redwood.shipped import DEFAULT_PAIR
+
+    if config.tree is None and config.target is None \
+            and is_bundle_dir(shipped_bundle_dir(config.model or DEFAULT_PAIR)):
+        config = replace(config, tree="auto")      # the bundle tuned on a 2-core CPU
     print("loading the model pair (the first run builds a cache: a few minutes) ...", file=sys.stderr)
     engine, tokenizer = load_engine(config)
     prompt = prompts[problem]
-    print(f"tree: {len(engine.tree)} nodes, {engine.tree.num_levels} levels\n", file=sys.stderr)
+    source = "tuned bundle" if config.tree == "auto" else (config.tree or "default tree")
+    print(f"tree ({source}): {len(engine.tree)} nodes, {engine.tree.num_levels} levels, draft "
+          f"{config.draft_quantize or 'as tuned' if config.tree == 'auto' else 'float'}\n",
+          file=sys.stderr)
     print("=== prompt (HumanEval evaluation split) ===")
     print(prompt)
     results = {}

@@ -23,8 +23,7 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 96, problem: int = 0) ->
     engine, tokenizer = load_engine(config)
     prompt = prompts[problem]
     source = "tuned bundle" if config.tree == "auto" else (config.tree or "default tree")
-    print(f"tree ({source}): {len(engine.tree)} nodes, {engine.tree.num_levels} levels, draft "
-          f"{config.draft_quantize or 'as tuned' if config.tree == 'auto' else 'float'}\n",
+    print(f"tree ({source}): {len(engine.tree)} nodes, {engine.tree.num_levels} levels\n",
           file=sys.stderr)
     print("=== prompt (HumanEval evaluation split) ===")
     print(prompt)

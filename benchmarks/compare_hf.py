@@ -48,7 +48,7 @@ def main(argv=None) -> dict:
         top_ps=(1.0,), methods=("autoregressive", "hf_generate", "sequoia"), select_prompts=0,
         out_dir=args.out_dir, machine=machine, plots=not args.no_plots, quick=args.quick,
         stem=f"compare-hf-{machine}-{datetime.date.today().isoformat()}",
-        command="python benchmarks/compare_hf.py " + " ".join(argv or sys.argv[1:]))
+        command=" ".join(["python benchmarks/compare_hf.py", *(argv or sys.argv[1:])]))
     config.check()
     for path in args.acceptance:                     # fail on a bad file before loading
         Acceptance.load(path)

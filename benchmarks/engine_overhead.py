@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
     report = {"format": 1, "kind": "engine-overhead", "models": pair_name,
               "machine": "quick" if args.quick else machine_name(),
               "date": datetime.date.today().isoformat(),
-              "command": "python benchmarks/engine_overhead.py " + " ".join(argv or sys.argv[1:]),
+              "command": " ".join(["python benchmarks/engine_overhead.py", *(argv or sys.argv[1:])]),
               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "temperature": args.temperature, "tree_parents": engine.tree.parents,
               "threads": torch.get_num_threads(), "elapsed_seconds": time.perf_counter() - started,

@@ -109,5 +109,5 @@ def _time_split(plt, rows, doc):
     ax.set_yticklabels(labels, fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("ms per new token (decode)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig

@@ -74,7 +74,9 @@ def goal_lines(rows) -> list[str]:
                          f"{seq['predicted_tokens_per_step']:.2f} ({100 * error:+.0f}%)")
         tree = seq.get("tree_parents") or []
         if len(tree) > 1 and tree == [-1] + list(range(len(tree) - 1)):
-            parts.append("the planner chose a chain for this machine (the hardware-aware answer)")
+            planned = seq["chosen_by"].startswith(("tuned bundle", "planned"))
+            parts.append("the planner chose a chain for this machine (the hardware-aware answer)"
+                         if planned else "the given tree is a chain")
         lines.append("- " + "; ".join(parts))
     return lines
 

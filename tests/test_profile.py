@@ -72,12 +72,19 @@ def test_timed_forward_leaves_the_cache_at_the_context(pair):
         assert kvcache.cache_length(bench.cache) == len(context)
 
 
-def test_int8_draft_is_labelled(pair):
-    from redwood.fastlinear import quantize_int8
+def test_int8_and_fast_linear_are_recorded(pair):
     import copy
 
-    assert model_dtype(pair[0]) == "float32"
-    assert model_dtype(quantize_int8(copy.deepcopy(pair[1]))) == "int8-dynamic+float32"
+    from redwood.fastlinear import enable_fast_linear, quantize_int8
+
+    target, draft = pair
+    assert model_dtype(target) == "float32"
+    assert model_dtype(quantize_int8(copy.deepcopy(draft))) == "int8-dynamic+float32"
+    fast = copy.deepcopy(target)
+    enable_fast_linear(fast)
+    profile = profile_latency(fast, draft, context=8, budgets=[1, 4], repeats=1, warmup=0,
+                              progress=False)
+    assert profile.extra["fast_linear"] == {"target": True, "draft": False}
 
 
 @pytest.mark.parametrize("kwargs, message", [

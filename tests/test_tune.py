@@ -33,6 +33,7 @@ def test_tune_writes_a_consistent_bundle(tmp_path, pair):
     bundle = load_bundle(out)
     index = json.loads((out / "bundle.json").read_text())
     assert index["name"] == "bundle" and index["command"] == "redwood tune --test"
+    assert index["fast_linear"] is False and bundle.fast_linear is False
     assert [e.temperature for e in bundle.entries] == [0.0, 1.0]
     profile = Profile.load(out / "profile.json")
     assert sorted(profile.target_ms) == list(range(1, 9))
@@ -96,7 +97,7 @@ def test_cli_tune_bad_input_exits_2(tmp_path, capsys, argv, message):
 
 # --- bundles and --tree auto -------------------------------------------------------------
 
-def _hand_bundle(directory, trees, draft_quantize="int8"):
+def _hand_bundle(directory, trees, draft_quantize="int8", fast_linear=False):
     """A minimal bundle: {temperature: tree}."""
     directory.mkdir()
     entries = []
@@ -107,7 +108,8 @@ def _hand_bundle(directory, trees, draft_quantize="int8"):
                         "depth": tree.num_levels, "tokens_per_step": 1.0,
                         "predicted_speedup": 1.0})
     (directory / "bundle.json").write_text(json.dumps(
-        {"format": 1, "kind": "bundle", "draft_quantize": draft_quantize, "trees": entries}))
+        {"format": 1, "kind": "bundle", "draft_quantize": draft_quantize, "trees": entries,
+         "fast_linear": fast_linear}))
     return directory
 
 
@@ -173,6 +175,7 @@ def test_generate_tree_auto_without_a_bundle_exits_2_before_loading(tmp_path, ca
 
 def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shipped_tokenizer,
                                                                     monkeypatch):
+    from redwood.profile import fast_linear_enabled
     from redwood.textgen import ModelConfig, load_engine
     from redwood.tiny import tiny_model
 
@@ -181,12 +184,13 @@ def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shi
         model.save_pretrained(tmp_path / name)
     shipped_tokenizer.save_pretrained(tmp_path / "target")
     bundle = _hand_bundle(tmp_path / "hand", {0.0: chain(3), 1.0: specinfer(2, 2)},
-                          draft_quantize=None)
+                          draft_quantize=None, fast_linear=True)
     monkeypatch.setenv(BUNDLE_ENV, str(bundle))
     config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
                          tree="auto")
     engine, _ = load_engine(config, progress=False, temperature=0.9)
     assert engine.tree == specinfer(2, 2)
+    assert fast_linear_enabled(engine.target)         # the bundle was profiled so
 
 
 def test_shipped_bundle_is_valid():

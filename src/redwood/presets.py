@@ -51,6 +51,7 @@ class Bundle:
     entries: list[BundleEntry]
     draft_quantize: str | None = None      # the draft variant the trees were tuned for
     index: dict = field(default_factory=dict)
+    fast_linear: bool = False              # profiled with --fast-linear (load models so)
 
     def entry(self, temperature: float) -> BundleEntry:
         """The entry whose temperature is nearest to `temperature` (ties: the lower one)."""
@@ -92,7 +93,8 @@ def load_bundle(directory) -> Bundle:
     if not isinstance(trees, list) or not trees:
         raise RedwoodError(f"{where}: 'trees' must be a non-empty list")
     entries = [_entry(item, directory, where) for item in trees]
-    return Bundle(directory, entries, index.get("draft_quantize"), index)
+    return Bundle(directory, entries, index.get("draft_quantize"), index,
+                  bool(index.get("fast_linear", False)))
 
 
 def _entry(item, directory: Path, where: str) -> BundleEntry:

@@ -150,6 +150,8 @@ def profile_latency(target, draft, context: int = 256, budgets=None, widths=None
         draft_ms={w: medians[("draft", w)] for w in widths},
         device=device_description(target.device), dtype=model_dtype(target), context=context,
         extra={"draft_dtype": model_dtype(draft),
+               "fast_linear": {"target": fast_linear_enabled(target),
+                               "draft": fast_linear_enabled(draft)},
                "source": {"tool": "redwood profile", "repeats": repeats, "warmup": warmup,
                           "statistic": "median", "target": _model_label(target),
                           "draft": _model_label(draft), "torch": torch.__version__,
@@ -181,6 +183,14 @@ def model_dtype(model) -> str:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     quantized = any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
     return f"int8-dynamic+{dtype}" if quantized else dtype
+
+
+def fast_linear_enabled(model) -> bool:
+    """Whether fastlinear.enable_fast_linear routed this model's Linear layers through oneDNN
+    (it sets an instance `forward` on them); timings differ a lot for 4..64 rows."""
+    from torch import nn
+
+    return any(type(m) is nn.Linear and "forward" in m.__dict__ for m in model.modules())
 
 
 def _load_average() -> float | None:

@@ -52,7 +52,8 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     config.tree: None (the shipped default tree), a tree JSON, a tuned bundle directory or
     "auto" (the bundle in $REDWOOD_BUNDLE, else the one shipped for the pair); from a bundle
     the tree tuned for the temperature nearest `temperature` is used, and its draft
-    quantisation too unless config.draft_quantize says otherwise.
+    quantisation and fast-linear setting too (the profile it was tuned on was measured so),
+    unless config.draft_quantize says otherwise.
     """
     from redwood.models import load_pair
     from redwood.presets import find_bundle, resolve_tree
@@ -62,16 +63,17 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         raise RedwoodError("give either --model or --target/--draft, not both")
     pair = None if config.target else (config.model or DEFAULT_PAIR)
     tree = None
-    draft_quantize = config.draft_quantize
+    draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
     if config.tree is not None:
         tree = resolve_tree(config.tree, temperature, pair)
         bundle = find_bundle(config.tree, pair)
-        if bundle is not None and draft_quantize is None:
-            draft_quantize = bundle.draft_quantize
+        if bundle is not None:
+            draft_quantize = draft_quantize or bundle.draft_quantize
+            fast_linear = fast_linear or bundle.fast_linear
     target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
                                          dtype=config.dtype, device=config.device,
                                          draft_quantize=draft_quantize, progress=progress,
-                                         fast_linear=config.fast_linear)
+                                         fast_linear=fast_linear)
     return Engine(target, draft, tree), tokenizer
 
 

@@ -131,6 +131,8 @@ def _measure(target, draft, draft_quantize, other_drafts, prompts, settings, lab
         merged = Profile(target_ms=profile.target_ms, draft_ms=other.draft_ms,
                          device=profile.device, dtype=profile.dtype, context=profile.context,
                          extra={**profile.extra, "draft_dtype": other.extra["draft_dtype"],
+                                "fast_linear": {**profile.extra["fast_linear"],
+                                                "draft": other.extra["fast_linear"]["draft"]},
                                 "samples_ms": {"target": profile.extra["samples_ms"]["target"],
                                                "draft": other.extra["samples_ms"]["draft"]}})
         variants.append(VariantResult(name, name, merged))
@@ -158,10 +160,16 @@ def _calibrate_and_plan(target, draft, variant, temperature, prompts, settings, 
         "tool": "redwood tune", "temperature": temperature, "top_p": settings.top_p,
         "top_k": settings.top_k or None, "method": settings.method,
         "draft_quantize": variant.quantize,
+        "fast_linear": _fast_linear(variant.profile),
         "acceptance": f"acceptance-{tag}.json", "profile": "profile.json",
         "predicted_tokens_per_step": choice.tokens_per_step})
     variant.acceptances[temperature] = acceptance
     variant.choices[temperature] = choice
+
+
+def _fast_linear(profile: Profile) -> bool:
+    """Whether the models were timed with --fast-linear (so the engine must load them so)."""
+    return bool(profile.extra.get("fast_linear", {}).get("target", False))
 
 
 def _draft_label(label, quantize) -> str | None:
@@ -273,7 +281,7 @@ def bundle_index(name: str, chosen: VariantResult, variants, settings, meta) -> 
                     for v in variants if v is not chosen]
     return {"format": BUNDLE_FORMAT, "kind": "bundle", "name": name,
             "target": meta["labels"].get("target", ""), "draft": meta["labels"].get("draft", ""),
-            "draft_quantize": chosen.quantize,
+            "draft_quantize": chosen.quantize, "fast_linear": _fast_linear(chosen.profile),
             "mean_predicted_speedup": chosen.mean_speedup,
             "device": chosen.profile.device, "dtype": chosen.profile.dtype,
             "draft_dtype": chosen.profile.extra.get("draft_dtype"),
@@ -331,7 +339,8 @@ def load_models(config, quick: bool = False, progress: bool = True) -> LoadedPai
         labels = {"target": str(config.target), "draft": str(config.draft)}
     target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
                                          dtype=config.dtype, device=config.device,
-                                         draft_quantize=config.draft_quantize, progress=progress)
+                                         draft_quantize=config.draft_quantize, progress=progress,
+                                         fast_linear=config.fast_linear)
     return LoadedPair(target, draft, tokenizer, labels, config.draft_quantize, pair)
 
 
@@ -339,9 +348,11 @@ def int8_copy(model):
     """A dynamically int8-quantised copy of a (float, CPU) draft, the original untouched."""
     import copy
 
-    from redwood.fastlinear import quantize_int8
+    from redwood.fastlinear import disable_fast_linear, quantize_int8
 
-    return quantize_int8(copy.deepcopy(model))
+    clone = copy.deepcopy(model)
+    disable_fast_linear(clone)          # a copied fast forward would still read the original
+    return quantize_int8(clone)
 
 
 def prompts_for(loaded: LoadedPair, source: str, count: int | None, quick: bool = False):

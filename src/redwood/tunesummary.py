@@ -45,7 +45,8 @@ def _provenance(index: dict) -> list[str]:
         f"- made by: `{index['command']}`" if index["command"] else "- made by: `redwood.tune.tune`",
         f"- took {_duration(index['seconds'])} on {index['device']}, {index['created']}, "
         f"redwood {index['redwood']}",
-        f"- target: {index['target'] or '?'} ({index['dtype']})",
+        f"- target: {index['target'] or '?'} ({index['dtype']}"
+        + (", --fast-linear" if index.get("fast_linear") else "") + ")",
         f"- draft: {index['draft'] or '?'} ({index['draft_dtype']}"
         + (f", --draft-quantize {index['draft_quantize']}" if index["draft_quantize"] else "") + ")",
         f"- calibration: {index['dataset'] or 'given prompts'}; {index['prompts']} prompts x "

@@ -69,7 +69,7 @@ def plot_acceptance(vectors: dict, ax, max_rank: int | None = None) -> None:
     ax.set_title("acceptance vectors")
     ax.set_xticks(np.arange(1, ranks + 1))
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
 
 
 def save_acceptance_figure(path, vectors: dict, title: str | None = None) -> Path:

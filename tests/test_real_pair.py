@@ -20,7 +20,8 @@ def test_greedy_sequoia_equals_target_greedy_on_humaneval(shipped_pair):
     assert len(result.tokens) == 32
     # The 0.5B draft agrees with the 1.5B target most of the time on code.
     assert result.tokens_per_step > 1.5
-    assert "return" in tokenizer.decode(result.tokens) or "for" in tokenizer.decode(result.tokens)
+    # Real code comes out (the prompt is a Python function stub), not noise.
+    assert tokenizer.decode(result.tokens).strip().startswith(("#", "return", "for", "if", "def", '"'))
 
 
 def test_default_tree_streams_text(shipped_pair):

@@ -192,3 +192,14 @@ def test_a_request_can_bring_its_own_tree(pair):
     assert max(star.accepted) <= 2 < max(deep.accepted)     # a star gains at most one draft token
     with pytest.raises(RedwoodError, match="redwood.Tree"):
         engine.generate(prompt, 5, tree=[-1, 0])
+
+
+def test_an_int8_draft_is_accepted_and_stays_exact_in_greedy():
+    from redwood.fastlinear import quantize_int8
+
+    target = tiny_model("qwen2", vocab_size=96, seed=1, scale=4.0)
+    draft = quantize_int8(perturbed(target, 0.003, seed=2))
+    engine = Engine(target, draft, Tree(TREES["wide_deep"]))
+    prompt = torch.tensor([5, 6, 7])
+    reference = engine.generate(prompt, 20, method="autoregressive", stop_on_eos=False)
+    assert engine.generate(prompt, 20, stop_on_eos=False).tokens == reference.tokens

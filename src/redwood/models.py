@@ -227,9 +227,12 @@ def model_name(model) -> str:
 def _vocab_sizes(model) -> tuple[int, int]:
     """(config.vocab_size, rows of the output layer = width of the logits)."""
     output = model.get_output_embeddings()
-    rows = output.weight.shape[0] if output is not None and hasattr(output, "weight") \
-        else model.get_input_embeddings().weight.shape[0]
-    return int(model.config.vocab_size), int(rows)
+    weight = getattr(output, "weight", None) if output is not None else None
+    if callable(weight):              # a dynamically quantised Linear exposes weight()
+        weight = weight()
+    if weight is None:
+        weight = model.get_input_embeddings().weight
+    return int(model.config.vocab_size), int(weight.shape[0])
 
 
 def check_same_vocab(target, draft) -> int:

@@ -21,6 +21,13 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _bundle(tree_spec):
+    """The tuned bundle --tree names (auto / DIR), whose model settings the run should use."""
+    from redwood.presets import find_bundle
+
+    return find_bundle(tree_spec, "qwen2.5-coder") if tree_spec else None
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=5)
@@ -30,6 +37,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--acceptance", nargs="+", default=[],
                         help="acceptance vectors, only for the predicted tokens/step column")
     parser.add_argument("--draft-quantize", choices=["int8"], default=None)
+    parser.add_argument("--fast-linear", action="store_true",
+                        help="oneDNN for small-row float32 matmuls (as `redwood --fast-linear`)")
     parser.add_argument("--quick", action="store_true", help="tiny random pair (seconds)")
     parser.add_argument("--out-dir", default=str(RESULTS))
     parser.add_argument("--no-plots", action="store_true")
@@ -61,7 +70,8 @@ def main(argv=None) -> dict:
     else:
         from redwood.textgen import ModelConfig
 
-        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize))
+        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
+                                       fast_linear=args.fast_linear), _bundle(args.tree))
     tree = args.tree or _default_tree_path()
     inputs = plan_inputs(pair, args.acceptance, None, tree, measure_quick=False)
     report = run_bench(config, pair, inputs)

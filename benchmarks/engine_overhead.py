@@ -136,10 +136,18 @@ def load(args):
         from redwood.bench_inputs import load_models
         from redwood.textgen import ModelConfig
 
-        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize))
+        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
+                                       fast_linear=args.fast_linear), _bundle(args.tree))
         tree = resolve_tree(args.tree, args.temperature)
     prompts = pair.encode(humaneval_prompts("evaluation", limit=args.prompts))
     return Engine(pair.target, pair.draft, tree), prompts, pair.name
+
+
+def _bundle(tree_spec):
+    """The tuned bundle --tree names (auto / DIR), whose model settings the run should use."""
+    from redwood.presets import find_bundle
+
+    return find_bundle(tree_spec, "qwen2.5-coder") if tree_spec else None
 
 
 def main(argv=None) -> dict:
@@ -151,6 +159,8 @@ def main(argv=None) -> dict:
                         "(default: the tree shipped with redwood)")
     parser.add_argument("--methods", nargs="+", default=["sequoia", "autoregressive"])
     parser.add_argument("--draft-quantize", choices=["int8"], default=None)
+    parser.add_argument("--fast-linear", action="store_true",
+                        help="oneDNN for small-row float32 matmuls (as `redwood --fast-linear`)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny random pair (seconds)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"

@@ -98,6 +98,11 @@ class BenchConfig:
                 out.append(f"{label}s {', '.join(map(str, missing))} not run")
         if "hf_assisted_constant" in self.methods and len(self.hf_constant_grid) == 1:
             out.append(f"assisted constant k fixed at {self.hf_constant_grid[0]} (no grid)")
+        grids = (("hf_assisted_constant", self.hf_constant_grid),
+                 ("specinfer", self.specinfer_grid))
+        if self.select_prompts == 0 and any(m in self.methods and len(g) > 1 for m, g in grids):
+            out.append("grid entries chosen by the planner's objective (predicted tokens/s), "
+                       "not measured on calibration prompts")
         if "specinfer" in self.methods and len(self.specinfer_grid) == 1:
             k, d = self.specinfer_grid[0]
             out.append(f"specinfer fixed at {k}x{d} (no grid)")
@@ -159,7 +164,7 @@ def run_command(config: BenchConfig, model_config=None, acceptance=(), profile=N
             raise RedwoodError("no acceptance vectors: run `redwood tune` for a tuned bundle "
                                "(--tree auto / DIR) or pass --acceptance FILE [FILE ...] from "
                                "`redwood calibrate`")
-        pair = load_models(model_config, bundle.draft_quantize if bundle else None)
+        pair = load_models(model_config, bundle)
     tree = model_config.tree if model_config is not None else None
     inputs = plan_inputs(pair, acceptance, profile, tree, config.max_budget, config.max_depth,
                          config.temperatures, config.seed)

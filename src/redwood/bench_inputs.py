@@ -63,25 +63,32 @@ def quick_pair() -> Pair:
                 None, quick=True)
 
 
-def load_models(model_config, draft_quantize_default: str | None = None) -> Pair:
-    """The pair a textgen.ModelConfig names (the shipped pair by default)."""
+def load_models(model_config, bundle=None) -> Pair:
+    """The pair a textgen.ModelConfig names (the shipped pair by default). A tuned bundle's
+    draft quantisation and fast-linear setting apply unless the config sets them: its trees
+    were planned from a profile measured with those models."""
     from dataclasses import replace
 
     from redwood.models import load_pair
 
     if model_config.model is not None and (model_config.target or model_config.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
-    if model_config.draft_quantize is None and draft_quantize_default:
-        model_config = replace(model_config, draft_quantize=draft_quantize_default)
+    if bundle is not None:
+        model_config = replace(
+            model_config, draft_quantize=model_config.draft_quantize or bundle.draft_quantize,
+            fast_linear=getattr(model_config, "fast_linear", False) or bundle.fast_linear)
+    fast_linear = getattr(model_config, "fast_linear", False)
     target, draft, tokenizer = load_pair(
         model_config.model, target=model_config.target, draft=model_config.draft,
         dtype=model_config.dtype, device=model_config.device,
-        draft_quantize=model_config.draft_quantize)
+        draft_quantize=model_config.draft_quantize, fast_linear=fast_linear)
     explicit = model_config.target is not None
     name = (f"target {model_config.target}, draft {model_config.draft}" if explicit
             else (model_config.model or "qwen2.5-coder"))
-    if model_config.draft_quantize:
-        name += f" (draft {model_config.draft_quantize})"
+    extras = [f"draft {model_config.draft_quantize}"] if model_config.draft_quantize else []
+    extras += ["fast linear"] if fast_linear else []
+    if extras:
+        name += f" ({', '.join(extras)})"
     return Pair(target, draft, tokenizer, name, None if explicit else (model_config.model or
                                                                       "qwen2.5-coder"))
 

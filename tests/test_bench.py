@@ -105,7 +105,7 @@ def test_greedy_redwood_methods_reproduce_autoregressive(quick_run):
     _, summary, _, _ = quick_run
     for row in summary["summary"]:
         if row["temperature"] == 0 and row["method"] in ("chain", "specinfer", "sequoia",
-                                                          "hf_generate"):
+                                                          "sequoia_adaptive", "hf_generate"):
             assert row["greedy_matches_autoregressive"] is True, row["method"]
         if row["temperature"] > 0:
             assert row["greedy_matches_autoregressive"] is None

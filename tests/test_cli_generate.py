@@ -43,6 +43,17 @@ def test_json_output_matches_the_engine(model_dirs, shipped_tokenizer, capsys):
     assert sum(record["accepted"]) == 12 and record["method"] == "sequoia"
 
 
+def test_draft_confidence_prunes_and_keeps_the_output(model_dirs, capsys):
+    root, _, _ = model_dirs
+    runs = {}
+    for confidence in ("0", "0.9"):
+        assert main(_args(root, "def add(a, b):", "--max-new-tokens", "12", "--ignore-eos",
+                          "--json", "--draft-confidence", confidence)) == 0
+        runs[confidence] = json.loads(capsys.readouterr().out)
+    assert runs["0.9"]["tokens"] == runs["0"]["tokens"]
+    assert runs["0.9"]["draft_tokens_per_step"] < runs["0"]["draft_tokens_per_step"] == len(TREE) - 1
+
+
 def test_streams_text_and_prints_stats(model_dirs, capsys):
     root, _, _ = model_dirs
     assert main(_args(root, "hello", "--max-new-tokens", "6", "--temperature", "0.7",
@@ -59,6 +70,8 @@ def test_streams_text_and_prints_stats(model_dirs, capsys):
     (["x", "--top-k", "-2"], "top_k"),
     (["x", "--max-new-tokens", "0"], "max_new_tokens"),
     (["x", "--max-new-tokens", "1000"], "context"),
+    (["x", "--draft-confidence", "1"], "draft_confidence"),
+    (["x", "--draft-confidence", "-0.5"], "draft_confidence"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dirs, capsys, extra, message):
     root, _, _ = model_dirs

@@ -98,6 +98,42 @@ def test_caches_equal_fresh_prefill_after_many_steps(pair):
     _assert_cache_matches(draft, drafter.cache, full[:cached])
 
 
+@pytest.mark.parametrize("name", ["wide_deep", "deep_chain"])
+def test_pruned_trees_keep_greedy_output_and_shrink_with_the_threshold(pair, name):
+    target, draft = pair
+    engine = Engine(target, draft, Tree(TREES[name]))
+    prompt = torch.randint(2, 96, (6,), generator=torch.Generator().manual_seed(4))
+    reference = engine.generate(prompt, 40, method="autoregressive", stop_on_eos=False)
+    sizes = []
+    for confidence in (0.0, 0.5, 0.9, 0.99):
+        for method in ("sequoia", "specinfer", "chain"):
+            result = engine.generate(prompt, 40, method=method, stop_on_eos=False,
+                                     draft_confidence=confidence)
+            assert result.tokens == reference.tokens, (method, confidence)
+            assert sum(result.accepted) == len(result.tokens)
+        sizes.append(result.stats.draft_tokens_per_step)    # chain's mean tree size
+    # A higher threshold prunes more, and some threshold prunes without emptying the tree.
+    assert sizes[0] == Tree(TREES[name]).num_levels - 1      # unpruned: the whole chain
+    assert all(a >= b for a, b in zip(sizes, sizes[1:])), sizes
+    assert any(1 <= s < sizes[0] for s in sizes[1:]), sizes
+
+
+def test_caches_stay_consistent_when_pruning(pair):
+    target, draft = pair
+    engine = Engine(target, draft, Tree(TREES["wide_deep"]))
+    prompt = torch.randint(2, 96, (6,), generator=torch.Generator().manual_seed(8))
+    stream = engine.stream(prompt, 400, temperature=0.8, seed=5, stop_on_eos=False,
+                           draft_confidence=0.6)
+    for steps, _ in enumerate(stream, start=1):
+        if steps == 15:
+            break
+    state, full = stream.state, torch.cat([prompt, torch.tensor(stream.state.tokens)])
+    assert state.stats.tree_nodes < 15 * (len(TREES["wide_deep"]) - 1)     # it did prune
+    _assert_cache_matches(target, state.target_cache, full[:-1])
+    cached = len(full) - 1 - len(state.drafter.pending)
+    _assert_cache_matches(draft, state.drafter.cache, full[:cached])
+
+
 def _assert_cache_matches(model, cache, sequence):
     fresh = kvcache.new_cache(model)
     with torch.inference_mode():
@@ -153,6 +189,9 @@ def test_stops_at_eos(pair):
     (dict(method="beam"), "method"),
     (dict(input_ids=torch.tensor([1, 500])), "token ids"),
     (dict(input_ids=torch.ones(2, 3, dtype=torch.long)), "1-D"),
+    (dict(draft_confidence=-0.1), "draft_confidence"),
+    (dict(draft_confidence=1.0), "draft_confidence"),
+    (dict(draft_confidence="high"), "draft_confidence"),
 ])
 def test_bad_requests_raise_clear_errors(pair, kwargs, message):
     target, draft = pair

@@ -68,3 +68,24 @@ def test_first_two_tokens_follow_the_target(models, method, temperature, top_p):
     assert gained > SAMPLES * 1.2, "the draft never helped: the test would not exercise trees"
     pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p))
     assert pvalue > ALPHA, f"{method} T={temperature} top_p={top_p}: p-value {pvalue:.2e}"
+
+
+# Thresholds chosen (per sampling law) so that pruning varies the tree from step to step.
+@pytest.mark.parametrize("method, temperature, top_p, threshold", [
+    ("sequoia", 1.0, 1.0, 0.1), ("sequoia", 0.6, 0.8, 0.15), ("specinfer", 1.0, 1.0, 0.1)])
+def test_pruning_by_draft_confidence_stays_exact(models, method, temperature, top_p, threshold):
+    """With draft_confidence the tree's shape depends on the draft's own probabilities;
+    the output law must not move."""
+    target, draft = models
+    engine = Engine(target, draft, TREE)
+    counts = np.zeros(VOCAB * VOCAB)
+    sizes = set()
+    for seed in range(SAMPLES):
+        result = engine.generate(PROMPT, 2, temperature=temperature, top_p=top_p, seed=seed,
+                                 method=method, stop_on_eos=False, draft_confidence=threshold)
+        counts[result.tokens[0] * VOCAB + result.tokens[1]] += 1
+        sizes.add(result.stats.tree_nodes)
+    # Pruning must actually vary the tree (the full tree would always give 7 nodes a step).
+    assert len(sizes) >= 3 and min(sizes) < 7, sizes
+    pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p))
+    assert pvalue > ALPHA, f"{method} pruned T={temperature} top_p={top_p}: p-value {pvalue:.2e}"

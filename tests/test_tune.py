@@ -58,6 +58,21 @@ def test_tune_writes_a_consistent_bundle(tmp_path, pair):
     assert "redwood tune --test" in summary and "Draft variants compared" in summary
     assert (out / "profile.png").is_file() and (out / "acceptance.png").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]     # no temp left
+    _assert_adaptive_entries_replan(out, bundle, profile, 8, 5)
+    assert "## Adaptive trees" in summary
+
+
+def _assert_adaptive_entries_replan(directory, bundle, profile, max_budget, max_depth):
+    """Every entry's adaptive tree and threshold are plan_adaptive's on the stored files."""
+    from redwood.adaptive import plan_adaptive
+
+    for entry in bundle.entries:
+        acceptance = Acceptance.load(directory / entry.acceptance)
+        static = choose_tree(acceptance, profile, max_budget, max_depth)
+        plan = plan_adaptive(acceptance.p, profile, static, max_budget, max_depth)
+        tree, threshold = bundle.drafting(entry.temperature)
+        assert tree == plan.tree and threshold == pytest.approx(plan.draft_confidence)
+        assert 0 < threshold < 1
 
 
 def test_cli_quick_tune_makes_a_loadable_bundle_and_replaces_it(tmp_path, capsys):
@@ -159,6 +174,31 @@ def test_broken_bundle_index_is_reported(bundle):
         load_bundle(bundle)
 
 
+def test_bundle_drafting_switches_between_adaptive_and_static_trees(bundle):
+    data = json.loads((bundle / "bundle.json").read_text())
+    chain(8).save(bundle / "adaptive-0.json")
+    data["trees"][0]["adaptive"] = {"tree": "adaptive-0.json", "draft_confidence": 0.4}
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    loaded = load_bundle(bundle)
+    assert loaded.drafting(0.0) == (chain(8), 0.4)             # the tuned adaptive setting
+    assert loaded.drafting(0.0, 0.25) == (chain(8), 0.25)      # a threshold of the user's
+    assert loaded.drafting(0.0, 0) == (chain(3), 0.0)          # 0: the static tree, unpruned
+    assert loaded.drafting(0.6) == (star(2), 0.0)              # entries without adaptive trees
+    assert loaded.drafting(0.6, 0.3) == (star(2), 0.3)
+    data["trees"][0]["adaptive"]["draft_confidence"] = 1.5
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    with pytest.raises(RedwoodError, match="draft_confidence must be in"):
+        load_bundle(bundle)
+    data["trees"][0]["adaptive"] = {"tree": "gone.json", "draft_confidence": 0.4}
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    with pytest.raises(RedwoodError, match="gone.json, which is missing"):
+        load_bundle(bundle)
+    data["trees"][0]["adaptive"] = {"tree": "adaptive-0.json"}
+    (bundle / "bundle.json").write_text(json.dumps(data))
+    with pytest.raises(RedwoodError, match="malformed tree entry"):
+        load_bundle(bundle)
+
+
 def test_none_and_tree_files_resolve_as_before(tmp_path):
     assert resolve_tree(None, 1.0) == default_tree()
     path = chain(4).save(tmp_path / "t.json")
@@ -189,8 +229,14 @@ def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shi
     config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
                          tree="auto")
     engine, _ = load_engine(config, progress=False, temperature=0.9)
-    assert engine.tree == specinfer(2, 2)
+    assert engine.tree == specinfer(2, 2) and engine.draft_confidence == 0.0
     assert fast_linear_enabled(engine.target)         # the bundle was profiled so
+    config.draft_confidence = 0.3
+    engine, _ = load_engine(config, progress=False, temperature=0.9)
+    assert engine.tree == specinfer(2, 2) and engine.draft_confidence == 0.3
+    config.draft_confidence = 1.0
+    with pytest.raises(RedwoodError, match="draft_confidence"):
+        load_engine(config, progress=False)
 
 
 def test_shipped_bundle_is_valid():
@@ -200,6 +246,9 @@ def test_shipped_bundle_is_valid():
     bundle = load_bundle(directory)
     profile = Profile.load(directory / "profile.json")
     assert 1 in profile.target_ms
+    settings = bundle.index["settings"]
+    _assert_adaptive_entries_replan(directory, bundle, profile, settings["max_budget"],
+                                    settings["max_depth"])
     for entry in bundle.entries:
         acceptance = Acceptance.load(directory / entry.acceptance)
         tree = bundle.tree(entry.temperature)

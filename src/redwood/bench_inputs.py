@@ -170,6 +170,25 @@ class PlanInputs:
                              f"{self.max_budget}, max_depth={self.max_depth}) -> "
                              f"n={choice.budget}, d={choice.depth}")
 
+    def adaptive_tree(self, temperature: float, top_p: float) -> tuple[Tree, float, str]:
+        """(max tree, draft_confidence, where they came from) for sequoia_adaptive."""
+        from redwood.adaptive import plan_adaptive
+        from redwood.planner import choose_tree
+
+        if self.bundle is not None and self.bundle.entry(temperature).adaptive_tree:
+            tree, threshold = self.bundle.drafting(temperature)
+            return tree, threshold, f"tuned bundle {self.bundle.directory} (adaptive)"
+        if self.profile is None or not self.vectors:
+            raise RedwoodError("sequoia_adaptive needs a tuned bundle with adaptive trees or a "
+                               "profile and acceptance vectors (--profile, --acceptance); or "
+                               "leave it out with --methods")
+        p = self.vector(temperature, top_p).p
+        static = choose_tree(p, self.profile, self.max_budget, self.max_depth)
+        plan = plan_adaptive(p, self.profile, static, self.max_budget, self.max_depth)
+        return plan.tree, plan.draft_confidence, (
+            f"plan_adaptive(vector, profile): marginal {plan.marginal_ms:.1f} ms / "
+            f"{plan.ms_per_token:.1f} ms per token")
+
     def chain_tree(self, temperature: float, top_p: float, sequoia: Tree) -> tuple[Tree, str]:
         """The chain length our objective picks with W = 1 (needs the profile)."""
         from redwood.planner import choose_tree

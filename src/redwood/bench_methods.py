@@ -9,6 +9,8 @@ the way a user tuning for this machine would choose it.
 - chain: redwood's chain, its length planned by our own objective with W = 1;
 - specinfer: redwood's specinfer verification on the best k x d tree of a grid;
 - sequoia: the tuned (or given, or planned) tree.
+- sequoia_adaptive: sequoia on the adaptive tree pruned by draft confidence (the bundle's,
+  or redwood.adaptive's plan from the profile and vector).
 Grid choices are made per setting, measured on calibration-split prompts (never on the
 evaluation prompts), or by the planner's objective when `select_prompts` is 0.
 """
@@ -24,7 +26,7 @@ from redwood.errors import RedwoodError
 from redwood.tree import Tree, chain, specinfer
 
 METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_constant",
-           "chain", "specinfer", "sequoia")
+           "chain", "specinfer", "sequoia", "sequoia_adaptive")
 HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
 
 
@@ -77,7 +79,8 @@ class MethodFactory:
     def specs(self, setting: Setting, methods) -> list[MethodSpec]:
         build = {"autoregressive": self._autoregressive, "hf_generate": self._hf_generate,
                  "hf_assisted_default": self._hf_default, "hf_assisted_constant": self._hf_constant,
-                 "chain": self._chain, "specinfer": self._specinfer, "sequoia": self._sequoia}
+                 "chain": self._chain, "specinfer": self._specinfer, "sequoia": self._sequoia,
+                 "sequoia_adaptive": self._sequoia_adaptive}
         return [build[m](setting) for m in methods]
 
     # -- one builder per method -----------------------------------------------------------
@@ -128,6 +131,12 @@ class MethodFactory:
         return MethodSpec("sequoia", f"n={len(tree)} d={tree.num_levels}",
                           redwood_runner(self.engine(tree), "sequoia"),
                           _expected(tree, vector), tree, how, _describe(vector))
+
+    def _sequoia_adaptive(self, setting):
+        tree, threshold, how = self.inputs.adaptive_tree(setting.temperature, setting.top_p)
+        return MethodSpec("sequoia_adaptive", f"n<={len(tree)} d<={tree.num_levels} c={threshold:.2f}",
+                          redwood_runner(self.engine(tree), "sequoia", threshold), None, tree, how,
+                          "none (pruned trees: no positional prediction)")
 
     # -- grid selection -------------------------------------------------------------------
     def _select(self, method, setting, candidates: list[MethodSpec]) -> MethodSpec:

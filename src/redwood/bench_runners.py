@@ -72,12 +72,12 @@ class Measurement:
 
 # --- redwood's own methods ----------------------------------------------------------------
 
-def redwood_runner(engine, method: str):
+def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
     """Runner for Engine.generate with `method` on the engine's tree (EOS ignored)."""
     def run(input_ids, setting: Setting, seed: int, max_new_tokens: int) -> Measurement:
         result = engine.generate(input_ids, max_new_tokens, temperature=setting.temperature,
                                  top_p=setting.top_p, top_k=0, seed=seed, method=method,
-                                 stop_on_eos=False)
+                                 stop_on_eos=False, draft_confidence=draft_confidence)
         stats = result.stats
         return Measurement(
             tokens=list(result.tokens), timed_tokens=len(result.tokens),

@@ -224,7 +224,8 @@ def _cmd_serve(args):
         method=args.method, max_queue=args.max_queue, default_max_tokens=args.max_tokens,
         api_key=args.api_key or os.environ.get("REDWOOD_API_KEY") or None,
         host=args.host, port=args.port,
-        tree_for_temperature=functools.lru_cache(maxsize=None)(bundle.tree) if bundle else None)
+        drafting_for_temperature=functools.lru_cache(maxsize=None)(functools.partial(
+            bundle.drafting, draft_confidence=args.draft_confidence)) if bundle else None)
     engine, tokenizer = load_engine(_model_config(args))
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "

@@ -8,6 +8,10 @@ def _add_model_args(p):
     p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
     p.add_argument("--tree", default=None,
                    help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+    p.add_argument("--draft-confidence", type=float, default=None, metavar="C",
+                   help="adaptive trees: a node gets draft children only while the draft's "
+                   "probability of the path to it is >= C (0 = draft the whole tree; default: "
+                   "the tuned bundle's value with --tree auto, else 0). Output stays exact")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft-quantize", default=None, choices=["int8"],
@@ -21,4 +25,5 @@ def _model_config(args):
 
     return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
-                       fast_linear=getattr(args, "fast_linear", False))
+                       fast_linear=getattr(args, "fast_linear", False),
+                       draft_confidence=args.draft_confidence)

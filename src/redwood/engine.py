@@ -37,6 +37,7 @@ class Request:
     method: str = "sequoia"
     stop_on_eos: bool = True
     tree: Tree | None = None
+    draft_confidence: float = 0.0      # prune draft branches whose draft path probability is lower
 
     @property
     def greedy(self) -> bool:
@@ -84,10 +85,15 @@ class Stream:
 
 
 class Engine:
-    def __init__(self, target_model, draft_model, tree: Tree | str | None = None):
+    def __init__(self, target_model, draft_model, tree: Tree | str | None = None,
+                 draft_confidence: float = 0.0):
+        """tree: the default tree for requests; draft_confidence: their default pruning
+        threshold (see `stream`). Requests may override both."""
         from redwood.models import check_same_vocab
 
         check_same_vocab(target_model, draft_model)
+        check_draft_confidence(draft_confidence)
+        self.draft_confidence = float(draft_confidence)
         self.target = target_model.eval()
         self.draft = draft_model.eval()
         self.tree = _as_tree(tree)
@@ -105,10 +111,20 @@ class Engine:
 
     def stream(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, method: str = "sequoia",
-               stop_on_eos: bool = True, tree: Tree | None = None) -> Stream:
-        """Generate lazily; `tree` overrides the engine's tree for this request only."""
+               stop_on_eos: bool = True, tree: Tree | None = None,
+               draft_confidence: float | None = None) -> Stream:
+        """Generate lazily; `tree` overrides the engine's tree for this request only.
+
+        draft_confidence in [0, 1): 0 drafts the whole tree every step; above 0 a node gets
+        children only while the draft's probability of the path to it stays at or above
+        this value, so the tree adapts to how predictable the text is (output stays exact).
+        None = the engine's default.
+        """
+        if draft_confidence is None:
+            draft_confidence = self.draft_confidence
         request = self._validate(input_ids, max_new_tokens, temperature, top_p, top_k, seed,
-                                 method, stop_on_eos, tree if tree is not None else self.tree)
+                                 method, stop_on_eos, tree if tree is not None else self.tree,
+                                 draft_confidence)
         state = DecodeState()
         return Stream(self._run(request, state), state)
 
@@ -117,7 +133,7 @@ class Engine:
     def _run(self, request: Request, state: DecodeState):
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        layout = self._layout(request.method, request.tree)
+        layout = self._layout_of(self._method_tree(request.method, request.tree))
         tree = layout.tree
         speculative = request.method != "autoregressive" and len(tree) > 1
         stats = StepStats(accepted_at_depth=[0] * (tree.num_levels - 1 if speculative else 0))
@@ -174,10 +190,11 @@ class Engine:
         from redwood.sampling import process_logits
         from redwood.verify import verify_greedy, verify_tree
 
-        tree = layout.tree
-        proposal = drafter.propose(root, layout, chooser)
+        proposal = drafter.propose(root, layout, chooser, request.draft_confidence, self._layout_of)
+        layout, tree = proposal.layout, proposal.layout.tree     # pruned when draft_confidence > 0
         stats.draft_seconds += proposal.draft_seconds
         stats.draft_forwards += proposal.draft_forwards
+        stats.tree_nodes += len(tree) - 1
 
         start = self._clock()
         mask = kvcache.tree_attention_mask(root_position, layout.ancestor, self.target.dtype)
@@ -212,13 +229,18 @@ class Engine:
         return ChildChooser(request.greedy, request.temperature, request.top_k, request.top_p,
                             replacement=request.method in ("specinfer", "chain"), generator=generator)
 
-    def _layout(self, method: str, tree: Tree) -> TreeLayout:
-        """The tree a method runs (chain: one child per level, as deep as the tree), cached."""
+    @staticmethod
+    def _method_tree(method: str, tree: Tree) -> Tree:
+        """The tree a method runs (chain: one child per level, as deep as the tree)."""
         if method == "chain":
-            tree = Tree(list(range(-1, tree.num_levels - 1)), {"kind": "chain"})
+            return Tree(list(range(-1, tree.num_levels - 1)), {"kind": "chain"})
+        return tree
+
+    def _layout_of(self, tree: Tree) -> TreeLayout:
+        """A tree's layout, cached (pruned subtrees of a few trees recur step after step)."""
         key = tuple(tree.parents)
         if key not in self._layouts:
-            if len(self._layouts) >= 32:                # requests may bring their own trees
+            if len(self._layouts) >= 256:               # requests may bring their own trees
                 self._layouts.clear()
             self._layouts[key] = TreeLayout.build(tree, self.device)
         return self._layouts[key]
@@ -236,7 +258,7 @@ class Engine:
         return time.perf_counter()
 
     def _validate(self, input_ids, max_new_tokens, temperature, top_p, top_k, seed, method,
-                  stop_on_eos, tree) -> Request:
+                  stop_on_eos, tree, draft_confidence=0.0) -> Request:
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and ids.shape[0] == 1:
             ids = ids[0]
@@ -246,6 +268,7 @@ class Engine:
         if ids.numel() == 0:
             raise RedwoodError("the prompt is empty: give at least one token")
         check_sampling(max_new_tokens, temperature, top_p, top_k)
+        check_draft_confidence(draft_confidence)
         if method not in METHODS:
             raise RedwoodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         vocab = self.target.config.vocab_size
@@ -260,7 +283,7 @@ class Engine:
                 f"({tree.num_levels}) = {needed} exceeds the model context of {self.max_positions} "
                 "positions; shorten the prompt or lower max_new_tokens")
         return Request(ids.long(), max_new_tokens, float(temperature), float(top_p), top_k, seed,
-                       method, stop_on_eos, tree)
+                       method, stop_on_eos, tree, float(draft_confidence))
 
 
 def check_sampling(max_new_tokens, temperature, top_p, top_k) -> None:
@@ -273,6 +296,14 @@ def check_sampling(max_new_tokens, temperature, top_p, top_k) -> None:
         raise RedwoodError(f"top_p must be in (0, 1], got {top_p!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise RedwoodError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+
+
+def check_draft_confidence(value) -> None:
+    """Raise RedwoodError unless value is a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not 0.0 <= value < 1.0:
+        raise RedwoodError(f"draft_confidence must be a number in [0, 1) (0 = draft the whole "
+                           f"tree), got {value!r}")
 
 
 def _as_tree(tree) -> Tree:

@@ -43,6 +43,8 @@ class BundleEntry:
     depth: int
     tokens_per_step: float
     predicted_speedup: float
+    adaptive_tree: str | None = None        # optional: the deeper tree pruned by draft confidence
+    draft_confidence: float = 0.0           # its pruning threshold
 
 
 @dataclass
@@ -60,8 +62,24 @@ class Bundle:
         return min(self.entries, key=lambda e: (abs(e.temperature - temperature), e.temperature))
 
     def tree(self, temperature: float) -> Tree:
+        """The static tuned tree of the entry nearest `temperature`."""
         entry = self.entry(temperature)
-        tree = Tree.load(self.directory / entry.tree)
+        return self._load(entry.tree, entry)
+
+    def drafting(self, temperature: float, draft_confidence: float | None = None):
+        """(tree, draft_confidence) for a request at `temperature`.
+
+        draft_confidence None: the entry's adaptive tree and threshold when it has them, else
+        its static tree with no pruning. 0: the static tree, unpruned. Above 0: that threshold
+        on the adaptive tree (the static one if the entry has none)."""
+        entry = self.entry(temperature)
+        if entry.adaptive_tree and draft_confidence != 0:
+            threshold = entry.draft_confidence if draft_confidence is None else draft_confidence
+            return self._load(entry.adaptive_tree, entry), float(threshold)
+        return self._load(entry.tree, entry), float(draft_confidence or 0.0)
+
+    def _load(self, name: str, entry: BundleEntry) -> Tree:
+        tree = Tree.load(self.directory / name)
         tree.source.setdefault("bundle", str(self.directory))
         tree.source.setdefault("bundle_temperature", entry.temperature)
         return tree
@@ -104,10 +122,18 @@ def _entry(item, directory: Path, where: str) -> BundleEntry:
                             budget=int(item["budget"]), depth=int(item["depth"]),
                             tokens_per_step=float(item["tokens_per_step"]),
                             predicted_speedup=float(item["predicted_speedup"]))
+        adaptive = item.get("adaptive")
+        if adaptive is not None:
+            entry.adaptive_tree = str(adaptive["tree"])
+            entry.draft_confidence = float(adaptive["draft_confidence"])
     except (KeyError, TypeError, ValueError) as exc:
         raise RedwoodError(f"{where}: malformed tree entry {item!r} ({exc})") from None
-    if not (directory / entry.tree).is_file():
-        raise RedwoodError(f"{where}: lists {entry.tree}, which is missing from the bundle")
+    if entry.adaptive_tree is not None and not 0 < entry.draft_confidence < 1:
+        raise RedwoodError(f"{where}: adaptive draft_confidence must be in (0, 1), got "
+                           f"{entry.draft_confidence}")
+    for name in (entry.tree, entry.adaptive_tree):
+        if name is not None and not (directory / name).is_file():
+            raise RedwoodError(f"{where}: lists {name}, which is missing from the bundle")
     return entry
 
 

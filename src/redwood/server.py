@@ -40,9 +40,9 @@ class ServerConfig:
     default_max_tokens: int = 256           # when a request gives no max_tokens
     host: str = "127.0.0.1"
     port: int = 8000
-    # Optional per-request tree: temperature -> Tree (a tuned bundle's nearest tree);
-    # None = the engine's own tree for every request.
-    tree_for_temperature: object = None
+    # Optional per-request drafting: temperature -> (Tree, draft_confidence), a tuned
+    # bundle's nearest entry; None = the engine's own tree and threshold for every request.
+    drafting_for_temperature: object = None
 
     def __post_init__(self):
         if self.max_queue < 1:
@@ -153,7 +153,7 @@ class _Service:
         self.context, self.vocab = _model_limits(engine, tokenizer, config)
         self.metrics = ServerMetrics()
         self.worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue,
-                                       self.metrics, config.tree_for_temperature)
+                                       self.metrics, config.drafting_for_temperature)
 
     def authorize(self, request: Request) -> None:
         if self.config.api_key is None:

@@ -56,9 +56,10 @@ class GenerationWorker:
     """Owns the engine; `submit` enqueues (or raises QueueFull), one thread generates."""
 
     def __init__(self, engine, tokenizer, method: str, max_queue: int, metrics: ServerMetrics,
-                 tree_for_temperature=None):
+                 drafting_for_temperature=None):
         self.engine, self.tokenizer, self.method, self.metrics = engine, tokenizer, method, metrics
-        self.tree_for_temperature = tree_for_temperature      # temperature -> Tree, or None
+        # temperature -> (Tree, draft_confidence), or None for the engine's defaults
+        self.drafting_for_temperature = drafting_for_temperature
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.thread: threading.Thread | None = None
         self.current: Job | None = None
@@ -114,6 +115,12 @@ class GenerationWorker:
                 self.current = None
                 self.metrics.in_progress.set(0)
 
+    def _drafting(self, temperature: float) -> dict:
+        if self.drafting_for_temperature is None:
+            return {}
+        tree, draft_confidence = self.drafting_for_temperature(temperature)
+        return {"tree": tree, "draft_confidence": draft_confidence}
+
     def _run(self, job: Job) -> None:
         import torch
 
@@ -122,8 +129,7 @@ class GenerationWorker:
         stream = self.engine.stream(
             torch.tensor([req.prompt_ids], dtype=torch.long), req.max_tokens,
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-            method=self.method,
-            tree=self.tree_for_temperature(req.temperature) if self.tree_for_temperature else None)
+            method=self.method, **self._drafting(req.temperature))
         text = IncrementalText(self.tokenizer, req.stop)
         steps: list[int] = []           # tokens gained by each target forward
         previous = None

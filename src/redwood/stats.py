@@ -12,12 +12,18 @@ class StepStats:
     other_seconds: float = 0.0        # sampling, verification, cache compaction, bookkeeping
     target_forwards: int = 0          # decoding target forwards (prefill excluded)
     draft_forwards: int = 0
+    tree_nodes: int = 0               # draft tokens verified (tree nodes below the root), summed
     # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)
 
     @property
     def decode_seconds(self) -> float:
         return self.target_seconds + self.draft_seconds + self.other_seconds
+
+    @property
+    def draft_tokens_per_step(self) -> float:
+        """Mean number of draft tokens the target checked per step (the tree size, pruned)."""
+        return self.tree_nodes / self.target_forwards if self.target_forwards else 0.0
 
     def acceptance_by_depth(self) -> list[float]:
         """Fraction of steps that accepted a draft token at depth 1, 2, ... of the tree."""
@@ -57,5 +63,6 @@ class GenerationResult:
             "tokens_per_step": self.tokens_per_step, "target_seconds": self.stats.target_seconds,
             "draft_seconds": self.stats.draft_seconds, "other_seconds": self.stats.other_seconds,
             "target_forwards": self.stats.target_forwards, "draft_forwards": self.stats.draft_forwards,
+            "draft_tokens_per_step": self.stats.draft_tokens_per_step,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redwood.engine import METHODS, Engine, check_sampling
+from redwood.engine import METHODS, Engine, check_draft_confidence, check_sampling
 from redwood.errors import RedwoodError
 from redwood.prompts import encode_prompt
 from redwood.stats import GenerationResult
@@ -23,6 +23,7 @@ class ModelConfig:
     device: str = "cpu"
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
+    draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
 
 
 @dataclass
@@ -51,7 +52,8 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
 
     config.tree: None (the shipped default tree), a tree JSON, a tuned bundle directory or
     "auto" (the bundle in $REDWOOD_BUNDLE, else the one shipped for the pair); from a bundle
-    the tree tuned for the temperature nearest `temperature` is used, and its draft
+    the tree tuned for the temperature nearest `temperature` is used (its adaptive tree and
+    draft_confidence when the bundle has them, see Bundle.drafting), and its draft
     quantisation and fast-linear setting too (the profile it was tuned on was measured so),
     unless config.draft_quantize says otherwise.
     """
@@ -62,19 +64,22 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     if config.model is not None and (config.target or config.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
     pair = None if config.target else (config.model or DEFAULT_PAIR)
-    tree = None
+    tree, confidence = None, config.draft_confidence
     draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
     if config.tree is not None:
-        tree = resolve_tree(config.tree, temperature, pair)
         bundle = find_bundle(config.tree, pair)
         if bundle is not None:
+            tree, confidence = bundle.drafting(temperature, config.draft_confidence)
             draft_quantize = draft_quantize or bundle.draft_quantize
             fast_linear = fast_linear or bundle.fast_linear
+        else:
+            tree = resolve_tree(config.tree, temperature, pair)
+    check_draft_confidence(confidence or 0.0)          # before minutes of model loading
     target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
                                          dtype=config.dtype, device=config.device,
                                          draft_quantize=draft_quantize, progress=progress,
                                          fast_linear=fast_linear)
-    return Engine(target, draft, tree), tokenizer
+    return Engine(target, draft, tree, confidence or 0.0), tokenizer
 
 
 def stream_text(engine: Engine, tokenizer, prompt: str, sampling: SamplingConfig,

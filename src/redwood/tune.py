@@ -66,6 +66,7 @@ class VariantResult:
     profile: Profile
     acceptances: dict = field(default_factory=dict)     # temperature -> Acceptance
     choices: dict = field(default_factory=dict)         # temperature -> planner.TreeChoice
+    adaptive: dict = field(default_factory=dict)        # temperature -> adaptive.AdaptivePlan
 
     @property
     def mean_speedup(self) -> float:
@@ -147,6 +148,7 @@ def _measure(target, draft, draft_quantize, other_drafts, prompts, settings, lab
 def _calibrate_and_plan(target, draft, variant, temperature, prompts, settings, labels,
                         dataset, progress) -> None:
     from redwood.calibrate import calibrate
+    from redwood.adaptive import plan_adaptive
     from redwood.planner import choose_tree
 
     acceptance = calibrate(target, draft, prompts, temperature, top_p=settings.top_p,
@@ -165,6 +167,8 @@ def _calibrate_and_plan(target, draft, variant, temperature, prompts, settings, 
         "predicted_tokens_per_step": choice.tokens_per_step})
     variant.acceptances[temperature] = acceptance
     variant.choices[temperature] = choice
+    variant.adaptive[temperature] = plan_adaptive(acceptance.p, variant.profile, choice,
+                                                  settings.max_budget, settings.max_depth)
 
 
 def _fast_linear(profile: Profile) -> bool:
@@ -242,6 +246,8 @@ def _write_variant(directory: Path, variant: VariantResult) -> None:
         choice = variant.choices[temperature]
         acceptance.save(directory / f"acceptance-{tag}.json")
         choice.tree.save(directory / f"tree-{tag}.json", acceptance.p)
+        if temperature in variant.adaptive:
+            variant.adaptive[temperature].tree.save(directory / f"adaptive-{tag}.json", acceptance.p)
         render.save_plan_figure(directory / f"tree-{tag}.png", choice.tree, choice.table,
                                 p=acceptance.p, choice=choice)
 
@@ -268,7 +274,17 @@ def _entries(variant: VariantResult, prefix: str = "") -> list[dict]:
                     "level_sizes": choice.tree.level_sizes,
                     "tokens_per_step": choice.tokens_per_step, "step_ms": choice.step_ms,
                     "predicted_speedup": choice.speedup})
+        plan = variant.adaptive.get(temperature)
+        if plan is not None:
+            out[-1]["adaptive"] = adaptive_entry(plan, f"{prefix}adaptive-{tag}.json")
     return out
+
+
+def adaptive_entry(plan, file_name: str) -> dict:
+    """A bundle entry's "adaptive" record (see redwood.adaptive)."""
+    return {"tree": file_name, "draft_confidence": plan.draft_confidence,
+            "nodes": len(plan.tree), "depth": plan.tree.num_levels,
+            "marginal_ms": plan.marginal_ms, "ms_per_token": plan.ms_per_token}
 
 
 def bundle_index(name: str, chosen: VariantResult, variants, settings, meta) -> dict:

@@ -12,6 +12,8 @@ def bundle_summary(index: dict, chosen, variants) -> str:
               "draft time of the tree's levels), from the measured profile and vectors below; "
               "a prediction, not a benchmark (`redwood bench` measures)."]
     lines += _shape_note(list(chosen.choices.values()))
+    if chosen.adaptive:
+        lines += ["", "## Adaptive trees", ""] + _adaptive_table(chosen)
     if len(variants) > 1:
         lines += ["", "## Draft variants compared", ""] + _variant_table(chosen, variants)
     lines += ["", "## Latency profile", "", f"Device: {chosen.profile.device}; context "
@@ -63,6 +65,22 @@ def _choice_table(variant) -> list[str]:
     for temperature, c in variant.choices.items():
         rows.append(f"| {temperature:g} | {c.budget} | {c.depth} | {c.tree.level_sizes} | "
                     f"{c.tokens_per_step:.3f} | {c.step_ms:.1f} | {c.speedup:.3f}x |")
+    return rows
+
+
+def _adaptive_table(variant) -> list[str]:
+    rows = ["`--tree auto` drafts these deeper trees, pruned as it goes: a node gets draft "
+            "children only while the draft's probability of the path to it is at least the "
+            "threshold, so the tree follows how predictable the text is. Threshold = the cost of "
+            "one more drafted token (one draft level plus the target's mean cost per extra row) "
+            "over the time a token costs with the static tree above (`redwood.adaptive`). "
+            "`--draft-confidence 0` uses the static tree instead.", "",
+            "| temperature | max tree (nodes, levels) | threshold | marginal ms | ms per token |",
+            "|---|---|---|---|---|"]
+    for temperature, plan in variant.adaptive.items():
+        rows.append(f"| {temperature:g} | {len(plan.tree)}, {plan.tree.num_levels} | "
+                    f"{plan.draft_confidence:.3f} | {plan.marginal_ms:.1f} | "
+                    f"{plan.ms_per_token:.1f} |")
     return rows
 
 

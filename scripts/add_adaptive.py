@@ -1,0 +1,61 @@
+"""Add adaptive trees to a bundle made before `redwood tune` planned them, from the bundle's
+own stored profile and acceptance vectors (no model is loaded, nothing is re-measured).
+
+    python scripts/add_adaptive.py src/redwood/data/bundles/qwen2.5-coder-cpu
+
+Exactly what `redwood tune` now writes: choose_tree is rerun on the stored files (it must give
+the stored tree back), then redwood.adaptive.plan_adaptive; the entry gains an "adaptive"
+record, adaptive-<T>.json is written and summary.md gets the adaptive section.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from redwood.adaptive import plan_adaptive
+from redwood.formats import load_acceptance, load_profile
+from redwood.planner import choose_tree
+from redwood.presets import BUNDLE_INDEX
+from redwood.tree import Tree
+from redwood.tune import adaptive_entry, temperature_tag
+from redwood.tunesummary import _adaptive_table
+
+
+class _Plans:
+    def __init__(self):
+        self.adaptive = {}
+
+
+def main(directory: str) -> None:
+    directory = Path(directory)
+    index = json.loads((directory / BUNDLE_INDEX).read_text())
+    settings = index["settings"]
+    profile = load_profile(directory / index["profile"])
+    plans = _Plans()
+    for entry in index["trees"]:
+        acceptance = load_acceptance(directory / entry["acceptance"])
+        choice = choose_tree(acceptance.p, profile, settings["max_budget"], settings["max_depth"])
+        if choice.tree != Tree.load(directory / entry["tree"]):
+            raise SystemExit(f"{entry['tree']}: choose_tree no longer gives the stored tree")
+        plan = plan_adaptive(acceptance.p, profile, choice, settings["max_budget"],
+                             settings["max_depth"])
+        name = f"adaptive-{temperature_tag(entry['temperature'])}.json"
+        plan.tree.save(directory / name, acceptance.p)
+        entry["adaptive"] = adaptive_entry(plan, name)
+        plans.adaptive[entry["temperature"]] = plan
+    (directory / BUNDLE_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    summary = (directory / "summary.md").read_text()
+    if "## Adaptive trees" not in summary:
+        marker = "## Latency profile"
+        section = "\n".join(["## Adaptive trees", ""] + _adaptive_table(plans) + ["", ""])
+        summary = summary.replace(marker, section + marker, 1)
+        (directory / "summary.md").write_text(summary)
+    for t, plan in plans.adaptive.items():
+        print(f"T={t:g}: {len(plan.tree)} nodes, {plan.tree.num_levels} levels, "
+              f"threshold {plan.draft_confidence:.3f} (marginal {plan.marginal_ms:.1f} ms, "
+              f"{plan.ms_per_token:.1f} ms per token)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

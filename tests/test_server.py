@@ -399,6 +399,24 @@ def test_a_failing_request_gets_500_and_the_server_keeps_serving(engine, tokeniz
     assert metric(samples, "redwood_requests_total", endpoint="/v1/completions", status="200") == 1
 
 
+def test_a_bundle_style_drafting_choice_is_used_per_request(engine, tokenizer):
+    """drafting_for_temperature (what `serve --tree auto` installs) picks each request's tree
+    and pruning threshold; greedy output still equals the engine's own."""
+    asked = []
+
+    def drafting(temperature):
+        asked.append(temperature)
+        return Tree(list(range(-1, 11))), 0.95      # a deep chain, pruned hard
+    app = create_app(engine, tokenizer, ServerConfig(drafting_for_temperature=drafting))
+    ids = tokenizer(PROMPTS[0]).input_ids
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0}
+        reply = http.post("/v1/completions", json=body).json()
+    assert asked == [0.0]
+    assert reply["choices"][0]["text"] == decode(tokenizer, offline(engine, ids, 12))
+    assert 0 < reply["redwood"]["draft_tokens_per_step"] < 10      # pruned below the 10-token chain
+
+
 def test_api_key_required_when_configured(engine, tokenizer):
     app = create_app(engine, tokenizer, ServerConfig(api_key="s3cret", default_max_tokens=3))
     with running(app) as url, httpx.Client(base_url=url, timeout=60) as http:

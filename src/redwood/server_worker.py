@@ -172,7 +172,8 @@ class GenerationWorker:
             "acceptance_by_depth": [round(c / forwards, 4) for c in depth_reached]}
         if result is not None:
             speculative.update(prefill_seconds=round(result.prefill_seconds, 6),
-                               decode_seconds=round(result.decode_seconds, 6))
+                               decode_seconds=round(result.decode_seconds, 6),
+                               draft_tokens_per_step=round(result.stats.draft_tokens_per_step, 4))
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(req.prompt_ids), completion_tokens=text.n_tokens,
                        speculative=speculative)

@@ -1,7 +1,7 @@
 """Add adaptive trees to a bundle made before `redwood tune` planned them, from the bundle's
 own stored profile and acceptance vectors (no model is loaded, nothing is re-measured).
 
-    python scripts/add_adaptive.py src/redwood/data/bundles/qwen2.5-coder-cpu
+    python scripts/add_adaptive.py src/redwood/data/bundles/qwen2.5-coder-cpu [--draft-confidence C]
 
 Exactly what `redwood tune` now writes: choose_tree is rerun on the stored files (it must give
 the stored tree back), then redwood.adaptive.plan_adaptive; the entry gains an "adaptive"
@@ -10,7 +10,6 @@ record, adaptive-<T>.json is written and summary.md gets the adaptive section.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from redwood.adaptive import plan_adaptive
@@ -27,7 +26,7 @@ class _Plans:
         self.adaptive = {}
 
 
-def main(directory: str) -> None:
+def main(directory: str, draft_confidence: float | None = None) -> None:
     directory = Path(directory)
     index = json.loads((directory / BUNDLE_INDEX).read_text())
     settings = index["settings"]
@@ -39,18 +38,19 @@ def main(directory: str) -> None:
         if choice.tree != Tree.load(directory / entry["tree"]):
             raise SystemExit(f"{entry['tree']}: choose_tree no longer gives the stored tree")
         plan = plan_adaptive(acceptance.p, profile, choice, settings["max_budget"],
-                             settings["max_depth"])
+                             settings["max_depth"], draft_confidence)
         name = f"adaptive-{temperature_tag(entry['temperature'])}.json"
         plan.tree.save(directory / name, acceptance.p)
         entry["adaptive"] = adaptive_entry(plan, name)
         plans.adaptive[entry["temperature"]] = plan
     (directory / BUNDLE_INDEX).write_text(json.dumps(index, indent=1) + "\n")
     summary = (directory / "summary.md").read_text()
-    if "## Adaptive trees" not in summary:
-        marker = "## Latency profile"
-        section = "\n".join(["## Adaptive trees", ""] + _adaptive_table(plans) + ["", ""])
-        summary = summary.replace(marker, section + marker, 1)
-        (directory / "summary.md").write_text(summary)
+    marker = "## Latency profile"
+    if "## Adaptive trees" in summary:                  # replace the old section
+        start = summary.index("## Adaptive trees")
+        summary = summary[:start] + summary[summary.index(marker):]
+    section = "\n".join(["## Adaptive trees", ""] + _adaptive_table(plans) + ["", ""])
+    (directory / "summary.md").write_text(summary.replace(marker, section + marker, 1))
     for t, plan in plans.adaptive.items():
         print(f"T={t:g}: {len(plan.tree)} nodes, {plan.tree.num_levels} levels, "
               f"threshold {plan.draft_confidence:.3f} (marginal {plan.marginal_ms:.1f} ms, "
@@ -58,4 +58,11 @@ def main(directory: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--draft-confidence", type=float, default=None,
+                        help="a measured threshold instead of redwood.adaptive's estimate")
+    args = parser.parse_args()
+    main(args.bundle, args.draft_confidence)

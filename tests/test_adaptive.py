@@ -50,3 +50,13 @@ def test_threshold_is_clipped_to_a_useful_range():
 def test_adaptive_planning_does_not_import_torch():
     code = "import sys, redwood.adaptive; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_given_threshold_replaces_the_estimate():
+    profile = _profile([300 + 20 * i for i in range(8)], [40] * 8)
+    static = choose_tree(P, profile, 8, 6)
+    estimated = plan_adaptive(P, profile, static, 8, 6)
+    given = plan_adaptive(P, profile, static, 8, 6, draft_confidence=0.6)
+    assert given.draft_confidence == 0.6
+    assert given.estimated_confidence == estimated.estimated_confidence == estimated.draft_confidence
+    assert given.tree == estimated.tree

@@ -66,10 +66,12 @@ def _assert_adaptive_entries_replan(directory, bundle, profile, max_budget, max_
     """Every entry's adaptive tree and threshold are plan_adaptive's on the stored files."""
     from redwood.adaptive import plan_adaptive
 
-    for entry in bundle.entries:
+    for entry, record in zip(bundle.entries, bundle.index["trees"]):
         acceptance = Acceptance.load(directory / entry.acceptance)
         static = choose_tree(acceptance, profile, max_budget, max_depth)
-        plan = plan_adaptive(acceptance.p, profile, static, max_budget, max_depth)
+        given = record["adaptive"]["threshold_from"] == "given"
+        plan = plan_adaptive(acceptance.p, profile, static, max_budget, max_depth,
+                             entry.draft_confidence if given else None)
         tree, threshold = bundle.drafting(entry.temperature)
         assert tree == plan.tree and threshold == pytest.approx(plan.draft_confidence)
         assert 0 < threshold < 1

@@ -9,8 +9,8 @@ def _add_model_args(p):
     p.add_argument("--tree", default=None,
                    help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="C",
-                   help="adaptive trees: a node gets draft children only while the draft's "
-                   "probability of the path to it is >= C (0 = draft the whole tree; default: "
+                   help="adaptive trees: a node gets draft children only while the draft gave "
+                   "every token on its path probability >= C (0 = draft the whole tree; default: "
                    "the tuned bundle's value with --tree auto, else 0). Output stays exact")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
     p.add_argument("--device", default="cpu", help="cpu or cuda")

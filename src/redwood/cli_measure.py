@@ -208,7 +208,7 @@ def _tune_settings(args):
              if getattr(args, name) is not None}
     settings = TuneSettings(**{**vars(base), **given, "temperatures": temperatures,
                                "top_p": args.top_p, "top_k": args.top_k, "method": args.method,
-                               "seed": args.seed})
+                               "seed": args.seed, "draft_confidence": args.draft_confidence})
     settings.check()
     return settings
 

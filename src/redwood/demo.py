@@ -23,7 +23,7 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 96, problem: int = 0) ->
     engine, tokenizer = load_engine(config)
     prompt = prompts[problem]
     source = "tuned bundle" if config.tree == "auto" else (config.tree or "default tree")
-    pruning = (f", pruned while the draft's path probability < {engine.draft_confidence:.2f}"
+    pruning = (f", pruned below draft tokens of probability < {engine.draft_confidence:.2f}"
                if engine.draft_confidence else "")
     print(f"tree ({source}): up to {len(engine.tree)} nodes, {engine.tree.num_levels} levels"
           f"{pruning}\n", file=sys.stderr)

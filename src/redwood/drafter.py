@@ -80,10 +80,12 @@ class DraftModelDrafter:
                 min_confidence: float = 0.0, layout_of=None) -> Proposal:
         """Draft the tree below `root`, one draft forward per level that has children.
 
-        min_confidence > 0 prunes as it goes: a node gets its children only if the draft's
-        probability of the path to it (product of the draft's probabilities of its tokens)
-        is at least min_confidence. The decision uses only the draft's own numbers, taken
-        before the node's children are drawn, so every verifier stays exact.
+        min_confidence > 0 prunes as it goes: a node gets its children only if the draft gave
+        every token on the path to it, its own included, a probability of at least
+        min_confidence. (Products of those probabilities, tried first, stopped too early: the
+        target agrees with the draft more often than the draft's probabilities say.) The
+        decision uses only the draft's own numbers, taken before the node's children are
+        drawn, so every verifier stays exact.
         `layout_of(tree)` returns the (cached) TreeLayout of a pruned subtree.
         """
         device, tree = self.model.device, layout.tree
@@ -99,7 +101,7 @@ class DraftModelDrafter:
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = root
         alive = [True] + [False] * (n - 1)
-        path_confidence = [1.0] * n
+        path_confidence = [1.0] * n                    # lowest draft probability on the path
         holder: dict = {}                              # lazily allocated draft_probs [n, V]
         expanding, forwards = [0], 1
         while True:
@@ -110,7 +112,7 @@ class DraftModelDrafter:
                 for j, kid in enumerate(tree.children[u]):
                     alive[kid] = True
                     if confidences is not None:
-                        path_confidence[kid] = path_confidence[u] * confidences[row][j]
+                        path_confidence[kid] = min(path_confidence[u], confidences[row][j])
                     if tree.children[kid] and path_confidence[kid] >= min_confidence:
                         next_level.append(kid)
             if not next_level:

@@ -37,7 +37,7 @@ class Request:
     method: str = "sequoia"
     stop_on_eos: bool = True
     tree: Tree | None = None
-    draft_confidence: float = 0.0      # prune draft branches whose draft path probability is lower
+    draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
 
     @property
     def greedy(self) -> bool:
@@ -116,8 +116,8 @@ class Engine:
         """Generate lazily; `tree` overrides the engine's tree for this request only.
 
         draft_confidence in [0, 1): 0 drafts the whole tree every step; above 0 a node gets
-        children only while the draft's probability of the path to it stays at or above
-        this value, so the tree adapts to how predictable the text is (output stays exact).
+        children only while the draft gave every token on its path a probability at or
+        above this value, so the tree adapts to how predictable the text is (output stays exact).
         None = the engine's default.
         """
         if draft_confidence is None:

@@ -42,9 +42,10 @@ class TuneSettings:
     warmup: int = 2
     max_new_tokens: int = 64        # per calibration prompt
     seed: int = 0
+    draft_confidence: float | None = None   # adaptive trees' threshold; None: redwood.adaptive's estimate
 
     def check(self) -> None:
-        from redwood.engine import check_sampling
+        from redwood.engine import check_draft_confidence, check_sampling
 
         if not self.temperatures:
             raise RedwoodError("give at least one temperature")
@@ -52,6 +53,8 @@ class TuneSettings:
             check_sampling(self.max_new_tokens, t, self.top_p, self.top_k)
         if len(set(self.temperatures)) != len(self.temperatures):
             raise RedwoodError(f"temperatures repeat: {list(self.temperatures)}")
+        if self.draft_confidence is not None:
+            check_draft_confidence(self.draft_confidence)
         for name in ("width", "max_budget", "max_depth", "context", "repeats"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -168,7 +171,8 @@ def _calibrate_and_plan(target, draft, variant, temperature, prompts, settings, 
     variant.acceptances[temperature] = acceptance
     variant.choices[temperature] = choice
     variant.adaptive[temperature] = plan_adaptive(acceptance.p, variant.profile, choice,
-                                                  settings.max_budget, settings.max_depth)
+                                                  settings.max_budget, settings.max_depth,
+                                                  settings.draft_confidence)
 
 
 def _fast_linear(profile: Profile) -> bool:
@@ -282,7 +286,10 @@ def _entries(variant: VariantResult, prefix: str = "") -> list[dict]:
 
 def adaptive_entry(plan, file_name: str) -> dict:
     """A bundle entry's "adaptive" record (see redwood.adaptive)."""
+    estimated = plan.draft_confidence == plan.estimated_confidence
     return {"tree": file_name, "draft_confidence": plan.draft_confidence,
+            "threshold_from": "estimate" if estimated else "given",
+            "estimated_confidence": plan.estimated_confidence,
             "nodes": len(plan.tree), "depth": plan.tree.num_levels,
             "marginal_ms": plan.marginal_ms, "ms_per_token": plan.ms_per_token}
 

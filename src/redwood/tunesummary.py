@@ -70,17 +70,18 @@ def _choice_table(variant) -> list[str]:
 
 def _adaptive_table(variant) -> list[str]:
     rows = ["`--tree auto` drafts these deeper trees, pruned as it goes: a node gets draft "
-            "children only while the draft's probability of the path to it is at least the "
-            "threshold, so the tree follows how predictable the text is. Threshold = the cost of "
+            "children only while the draft gave every token on its path a probability of at "
+            "least the threshold, so the tree follows how predictable the text is. Threshold = the cost of "
             "one more drafted token (one draft level plus the target's mean cost per extra row) "
-            "over the time a token costs with the static tree above (`redwood.adaptive`). "
+            "over the time a token costs with the static tree above (`redwood.adaptive`), "
+            "unless `redwood tune --draft-confidence C` gave a measured value. "
             "`--draft-confidence 0` uses the static tree instead.", "",
-            "| temperature | max tree (nodes, levels) | threshold | marginal ms | ms per token |",
-            "|---|---|---|---|---|"]
+            "| temperature | max tree (nodes, levels) | threshold used | estimated | marginal ms "
+            "| ms per token |", "|---|---|---|---|---|---|"]
     for temperature, plan in variant.adaptive.items():
         rows.append(f"| {temperature:g} | {len(plan.tree)}, {plan.tree.num_levels} | "
-                    f"{plan.draft_confidence:.3f} | {plan.marginal_ms:.1f} | "
-                    f"{plan.ms_per_token:.1f} |")
+                    f"{plan.draft_confidence:.3f} | {plan.estimated_confidence:.3f} | "
+                    f"{plan.marginal_ms:.1f} | {plan.ms_per_token:.1f} |")
     return rows
 
 

@@ -107,7 +107,8 @@ def stats_lines(result: GenerationResult) -> list[str]:
         f"{len(result.tokens)} tokens in {result.decode_seconds:.2f} s "
         f"({result.tokens_per_second:.2f} tokens/s, prefill {result.prefill_seconds:.2f} s excluded)",
         f"{result.tokens_per_step:.2f} tokens per target forward over {stats.target_forwards} forwards "
-        f"({result.method}; {stats.draft_tokens_per_step:.2f} draft tokens checked per forward)",
+        f"({result.method}" + (f"; {stats.draft_tokens_per_step:.2f} draft tokens checked per "
+                               "forward)" if stats.tree_nodes else ")"),
         f"time: target {stats.target_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, "
         f"other {stats.other_seconds:.2f} s",
     ] + ([f"acceptance by depth: {depth}"] if depth else [])

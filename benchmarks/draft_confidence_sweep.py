@@ -2,8 +2,8 @@
 calibration-split prompts (never the evaluation split the bench reports on).
 
     python benchmarks/draft_confidence_sweep.py                       # shipped pair
-    python benchmarks/draft_confidence_sweep.py --prompts 2 --max-new-tokens 64 \\
-        --temperatures 0 0.6 --thresholds 0.15 0.3 0.5
+    python benchmarks/draft_confidence_sweep.py --prompts 3 --first-prompt 5 \\
+        --temperatures 1.0 0 --thresholds 0.6 0.8
 
 For each temperature the static tuned tree, deep chains and DP trees of larger budgets run with
 each threshold, interleaved per prompt with redwood's autoregressive loop and transformers'
@@ -41,9 +41,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6])
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.15, 0.3, 0.5])
-    parser.add_argument("--chains", type=int, nargs="+", default=[17])
-    parser.add_argument("--budgets", type=int, nargs="+", default=[24])
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.4, 0.6, 0.8])
+    parser.add_argument("--chains", type=int, nargs="*", default=[16])
+    parser.add_argument("--budgets", type=int, nargs="*", default=[],
+                        help="also DP trees of these budgets (from the bundle's vectors)")
+    parser.add_argument("--first-prompt", type=int, default=0,
+                        help="first calibration problem to use (default 0)")
     parser.add_argument("--out-dir", default=str(RESULTS))
     args = parser.parse_args(argv)
 
@@ -61,7 +64,7 @@ def main(argv=None) -> dict:
     target, draft, tokenizer = load_pair("qwen2.5-coder", draft_quantize=bundle.draft_quantize,
                                          fast_linear=bundle.fast_linear)
     prompts = [encode_prompt(tokenizer, text) for text in
-               humaneval_prompts("calibration", args.prompts)]
+               humaneval_prompts("calibration")[args.first_prompt:args.first_prompt + args.prompts]]
     engine = Engine(target, draft, chain(2))
     rows = []
     for temperature in args.temperatures:
@@ -97,10 +100,12 @@ def main(argv=None) -> dict:
         print(f"| {r['temperature']:g} | {r['config']} | {r['tokens_per_second']:.2f} | "
               f"{r['speedup_vs_autoregressive']:.2f}x | {r['tokens_per_step']:.2f} | "
               f"{r['draft_forwards_per_step']:.2f} |")
-    out = Path(args.out_dir) / f"draft-confidence-{machine_name()}-{datetime.date.today()}.json"
+    out = Path(args.out_dir) / (f"draft-confidence-{machine_name()}-{datetime.date.today()}-"
+                                f"{'-'.join(f'{t:g}' for t in args.temperatures)}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": "python benchmarks/draft_confidence_sweep.py " + " ".join(argv or []),
-              "prompts": f"humaneval calibration split, first {args.prompts}",
+              "prompts": f"humaneval calibration split, problems {args.first_prompt}.."
+                         f"{args.first_prompt + args.prompts - 1}",
               "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
               "rows": rows}
     out.write_text(json.dumps(result, indent=1))

@@ -21,13 +21,6 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _bundle(tree_spec):
-    """The tuned bundle --tree names (auto / DIR), whose model settings the run should use."""
-    from redwood.presets import find_bundle
-
-    return find_bundle(tree_spec, "qwen2.5-coder") if tree_spec else None
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=5)
@@ -50,6 +43,7 @@ def main(argv=None) -> dict:
     from redwood.bench_inputs import load_models, plan_inputs, quick_pair
     from redwood.bench_report import write_outputs
     from redwood.formats import Acceptance
+    from redwood.presets import find_bundle
 
     machine = "quick" if args.quick else machine_name()
     config = BenchConfig(
@@ -71,7 +65,7 @@ def main(argv=None) -> dict:
         from redwood.textgen import ModelConfig
 
         pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
-                                       fast_linear=args.fast_linear), _bundle(args.tree))
+                                       fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
     tree = args.tree or _default_tree_path()
     inputs = plan_inputs(pair, args.acceptance, None, tree, measure_quick=False)
     report = run_bench(config, pair, inputs)

@@ -123,7 +123,7 @@ def table(rows) -> str:
 def load(args):
     """(engine, prompts, pair label) for the shipped pair or the tiny quick pair."""
     from redwood.engine import Engine
-    from redwood.presets import resolve_tree
+    from redwood.presets import find_bundle, resolve_tree
     from redwood.prompts import humaneval_prompts
 
     if args.quick:
@@ -137,17 +137,10 @@ def load(args):
         from redwood.textgen import ModelConfig
 
         pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
-                                       fast_linear=args.fast_linear), _bundle(args.tree))
+                                       fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
         tree = resolve_tree(args.tree, args.temperature)
     prompts = pair.encode(humaneval_prompts("evaluation", limit=args.prompts))
     return Engine(pair.target, pair.draft, tree), prompts, pair.name
-
-
-def _bundle(tree_spec):
-    """The tuned bundle --tree names (auto / DIR), whose model settings the run should use."""
-    from redwood.presets import find_bundle
-
-    return find_bundle(tree_spec, "qwen2.5-coder") if tree_spec else None
 
 
 def main(argv=None) -> dict:

@@ -18,12 +18,7 @@ from redwood.planner import choose_tree
 from redwood.presets import BUNDLE_INDEX
 from redwood.tree import Tree
 from redwood.tune import adaptive_entry, temperature_tag
-from redwood.tunesummary import _adaptive_table
-
-
-class _Plans:
-    def __init__(self):
-        self.adaptive = {}
+from redwood.tunesummary import adaptive_table
 
 
 def main(directory: str, draft_confidence: float | None = None) -> None:
@@ -31,7 +26,7 @@ def main(directory: str, draft_confidence: float | None = None) -> None:
     index = json.loads((directory / BUNDLE_INDEX).read_text())
     settings = index["settings"]
     profile = load_profile(directory / index["profile"])
-    plans = _Plans()
+    plans = {}                                          # temperature -> AdaptivePlan
     for entry in index["trees"]:
         acceptance = load_acceptance(directory / entry["acceptance"])
         choice = choose_tree(acceptance.p, profile, settings["max_budget"], settings["max_depth"])
@@ -42,16 +37,16 @@ def main(directory: str, draft_confidence: float | None = None) -> None:
         name = f"adaptive-{temperature_tag(entry['temperature'])}.json"
         plan.tree.save(directory / name, acceptance.p)
         entry["adaptive"] = adaptive_entry(plan, name)
-        plans.adaptive[entry["temperature"]] = plan
+        plans[entry["temperature"]] = plan
     (directory / BUNDLE_INDEX).write_text(json.dumps(index, indent=1) + "\n")
     summary = (directory / "summary.md").read_text()
     marker = "## Latency profile"
     if "## Adaptive trees" in summary:                  # replace the old section
         start = summary.index("## Adaptive trees")
         summary = summary[:start] + summary[summary.index(marker):]
-    section = "\n".join(["## Adaptive trees", ""] + _adaptive_table(plans) + ["", ""])
+    section = "\n".join(["## Adaptive trees", ""] + adaptive_table(plans) + ["", ""])
     (directory / "summary.md").write_text(summary.replace(marker, section + marker, 1))
-    for t, plan in plans.adaptive.items():
+    for t, plan in plans.items():
         print(f"T={t:g}: {len(plan.tree)} nodes, {plan.tree.num_levels} levels, "
               f"threshold {plan.draft_confidence:.3f} (marginal {plan.marginal_ms:.1f} ms, "
               f"{plan.ms_per_token:.1f} ms per token)")

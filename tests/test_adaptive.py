@@ -60,3 +60,4 @@ def test_a_given_threshold_replaces_the_estimate():
     assert given.draft_confidence == 0.6
     assert given.estimated_confidence == estimated.estimated_confidence == estimated.draft_confidence
     assert given.tree == estimated.tree
+    assert (estimated.threshold_from, given.threshold_from) == ("estimate", "given")

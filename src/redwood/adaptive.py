@@ -38,6 +38,7 @@ class AdaptivePlan:
     marginal_ms: float          # one draft level of width 1 plus the target's cost per extra row
     ms_per_token: float         # step time per token of the static choice
     estimated_confidence: float  # marginal_ms / ms_per_token, clipped (used unless one was given)
+    threshold_from: str = "estimate"   # "estimate", or "given" (a measured value passed in)
 
 
 def is_chain(tree: Tree) -> bool:
@@ -56,13 +57,12 @@ def plan_adaptive(p, profile: Profile, static: TreeChoice, max_budget: int, max_
     draft_level = profile.draft_level_ms(1) or 0.0
     marginal = draft_level + max(per_row, 0.0)
     ms_per_token = static.step_ms / static.tokens_per_step
-    threshold = float(np.clip(marginal / ms_per_token, MIN_THRESHOLD, MAX_THRESHOLD))
-    estimate = threshold
-    if draft_confidence is not None:
-        threshold = float(draft_confidence)
+    estimate = float(np.clip(marginal / ms_per_token, MIN_THRESHOLD, MAX_THRESHOLD))
+    threshold = estimate if draft_confidence is None else float(draft_confidence)
     if is_chain(static.tree):
         tree = chain(max(max_depth, static.tree.num_levels))
     else:
         tree = optimal_tree(p, largest, max_depth)
     tree.source.update({"chosen_by": "plan_adaptive", "draft_confidence": threshold})
-    return AdaptivePlan(tree, threshold, marginal, ms_per_token, estimate)
+    return AdaptivePlan(tree, threshold, marginal, ms_per_token, estimate,
+                        "estimate" if draft_confidence is None else "given")

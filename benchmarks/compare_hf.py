@@ -6,7 +6,7 @@
 
 HumanEval evaluation-split prompts, greedy, EOS ignored, methods interleaved per prompt,
 prefill excluded for every method (for `transformers` `generate`: a 1-token generate on the
-same prompt is timed and subtracted, see redwood.bench_runners). It is `redwood bench` with
+same prompt is timed and subtracted, see redwood.bench.runners). It is `redwood bench` with
 three methods and one setting: the same code, records and table. Prints the ratios; writes
 benchmarks/results/compare-hf-<machine>-<date>.{json,raw.json,md}.
 """
@@ -39,11 +39,13 @@ def main(argv=None) -> dict:
 
     import transformers
 
-    from redwood.bench import BenchConfig, machine_name, run_bench
-    from redwood.bench_inputs import load_models, plan_inputs, quick_pair
-    from redwood.bench_report import write_outputs
-    from redwood.formats import Acceptance
-    from redwood.presets import find_bundle
+    from redwood.bench.common import machine_name
+    from redwood.bench.config import BenchConfig
+    from redwood.bench.inputs import load_models, plan_inputs, quick_pair
+    from redwood.bench.report import write_outputs
+    from redwood.bench.run import run_bench
+    from redwood.plan.formats import Acceptance
+    from redwood.measure.bundles import find_bundle
 
     machine = "quick" if args.quick else machine_name()
     config = BenchConfig(
@@ -62,7 +64,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(1)
         pair = quick_pair()
     else:
-        from redwood.textgen import ModelConfig
+        from redwood.cli.textgen import ModelConfig
 
         pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
                                        fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))

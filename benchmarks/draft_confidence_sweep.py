@@ -24,9 +24,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def candidate_trees(bundle, temperature: float, budgets, chain_lengths):
     """(label, tree) pairs: the bundle's static tree, chains, and DP trees for larger budgets
     from the bundle's acceptance vector at this temperature."""
-    from redwood.formats import load_acceptance
-    from redwood.planner import optimal_tree
-    from redwood.tree import chain
+    from redwood.plan.formats import load_acceptance
+    from redwood.plan.planner import optimal_tree
+    from redwood.plan.tree import chain
 
     entry = bundle.entry(temperature)
     trees = [(f"tuned n={len(bundle.tree(temperature))}", bundle.tree(temperature))]
@@ -52,13 +52,13 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from redwood.bench import machine_name
-    from redwood.bench_runners import AssistantSchedule, Setting, hf_runner, redwood_runner
-    from redwood.engine import Engine
-    from redwood.models import load_pair
-    from redwood.presets import find_bundle
+    from redwood.bench.common import machine_name
+    from redwood.bench.runners import AssistantSchedule, Setting, hf_runner, redwood_runner
+    from redwood.decode.engine import Engine
+    from redwood.models.pair import load_pair
+    from redwood.measure.bundles import find_bundle
     from redwood.prompts import encode_prompt, humaneval_prompts
-    from redwood.tree import chain
+    from redwood.plan.tree import chain
 
     bundle = find_bundle("auto", "qwen2.5-coder")
     target, draft, tokenizer = load_pair("qwen2.5-coder", draft_quantize=bundle.draft_quantize,

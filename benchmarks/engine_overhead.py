@@ -28,11 +28,11 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (module, attribute): the helper functions of a step, timed by wrapping them in place.
-HELPERS = [("redwood.sampling", "process_logits"), ("redwood.sampling", "propose_children"),
-           ("redwood.sampling", "greedy_children"), ("redwood.sampling", "sample_token"),
-           ("redwood.verify", "verify_greedy"), ("redwood.verify", "verify_tree"),
-           ("redwood.kvcache", "tree_attention_mask"), ("redwood.kvcache", "keep_tail"),
-           ("redwood.drafter", "DraftModelDrafter.commit")]
+HELPERS = [("redwood.decode.sampling", "process_logits"), ("redwood.decode.sampling", "propose_children"),
+           ("redwood.decode.sampling", "greedy_children"), ("redwood.decode.sampling", "sample_token"),
+           ("redwood.decode.verify", "verify_greedy"), ("redwood.decode.verify", "verify_tree"),
+           ("redwood.backends.hf_cache", "tree_attention_mask"), ("redwood.backends.hf_cache", "keep_tail"),
+           ("redwood.decode.draft_model", "DraftModelDrafter.commit")]
 
 
 @contextmanager
@@ -70,7 +70,7 @@ def timed_helpers(totals: dict):
 
 def measure(engine, prompts, method, max_new_tokens, temperature, seed) -> dict:
     """Run `method` on every prompt with hooks and helper timers; per-step milliseconds."""
-    from redwood.bench_runners import ForwardTimer
+    from redwood.bench.runners import ForwardTimer
 
     totals: dict = {}
     steps = tokens = 0
@@ -122,19 +122,19 @@ def table(rows) -> str:
 
 def load(args):
     """(engine, prompts, pair label) for the shipped pair or the tiny quick pair."""
-    from redwood.engine import Engine
-    from redwood.presets import find_bundle, resolve_tree
+    from redwood.decode.engine import Engine
+    from redwood.measure.bundles import find_bundle, resolve_tree
     from redwood.prompts import humaneval_prompts
 
     if args.quick:
-        from redwood.bench_inputs import quick_pair
+        from redwood.bench.inputs import quick_pair
 
         torch.set_num_threads(1)
         pair = quick_pair()
         tree = resolve_tree(args.tree, args.temperature, None) if args.tree else None
     else:
-        from redwood.bench_inputs import load_models
-        from redwood.textgen import ModelConfig
+        from redwood.bench.inputs import load_models
+        from redwood.cli.textgen import ModelConfig
 
         pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
                                        fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                         "engine-overhead-<machine>-<date>.json)")
     args = parser.parse_args(argv)
-    from redwood.bench import machine_name
+    from redwood.bench.common import machine_name
 
     engine, prompts, pair_name = load(args)
     engine.generate(prompts[0], 8, temperature=args.temperature, seed=0,

@@ -42,9 +42,9 @@ def main(argv=None):
 
     from transformers import DynamicCache
 
-    from redwood.fastlinear import DEFAULT_ROWS, disable_fast_linear, enable_fast_linear
-    from redwood.models import load_model
-    from redwood.shipped import shipped_model_dir
+    from redwood.models.cpu_kernels import DEFAULT_ROWS, disable_fast_linear, enable_fast_linear
+    from redwood.models.hf_loading import load_model
+    from redwood.models.shipped import shipped_model_dir
 
     path = args.path or shipped_model_dir(args.role)
     model = load_model(path)

@@ -49,8 +49,8 @@ def main(argv=None) -> dict:
 
     from transformers import DynamicCache
 
-    from redwood.models import load_model
-    from redwood.shipped import shipped_model_dir
+    from redwood.models.hf_loading import load_model
+    from redwood.models.shipped import shipped_model_dir
 
     path = args.path or shipped_model_dir(args.role)
     start = time.perf_counter()

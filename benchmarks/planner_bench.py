@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from redwood.planner import dp_table, reference_values  # noqa: E402
+from redwood.plan.planner import dp_table, reference_values  # noqa: E402
 
 SIZES = [(128, 10, 32), (256, 16, 32), (1024, 32, 32)]
 RESULTS = Path(__file__).resolve().parent / "results"

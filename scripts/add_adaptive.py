@@ -4,7 +4,7 @@ own stored profile and acceptance vectors (no model is loaded, nothing is re-mea
     python scripts/add_adaptive.py src/redwood/data/bundles/qwen2.5-coder-cpu [--draft-confidence C]
 
 Exactly what `redwood tune` now writes: choose_tree is rerun on the stored files (it must give
-the stored tree back), then redwood.adaptive.plan_adaptive; the entry gains an "adaptive"
+the stored tree back), then redwood.plan.adaptive.plan_adaptive; the entry gains an "adaptive"
 record, adaptive-<T>.json is written and summary.md gets the adaptive section.
 """
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from redwood.adaptive import plan_adaptive
-from redwood.formats import load_acceptance, load_profile
-from redwood.planner import choose_tree
-from redwood.presets import BUNDLE_INDEX
-from redwood.tree import Tree
-from redwood.tune import adaptive_entry, temperature_tag
-from redwood.tunesummary import adaptive_table
+from redwood.plan.adaptive import plan_adaptive
+from redwood.plan.formats import load_acceptance, load_profile
+from redwood.plan.planner import choose_tree
+from redwood.measure.bundles import BUNDLE_INDEX
+from redwood.plan.tree import Tree
+from redwood.measure.tune import adaptive_entry, temperature_tag
+from redwood.measure.tune_summary import adaptive_table
 
 
 def main(directory: str, draft_confidence: float | None = None) -> None:
@@ -58,6 +58,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--draft-confidence", type=float, default=None,
-                        help="a measured threshold instead of redwood.adaptive's estimate")
+                        help="a measured threshold instead of redwood.plan.adaptive's estimate")
     args = parser.parse_args()
     main(args.bundle, args.draft_confidence)

@@ -20,7 +20,7 @@ def _skip_if_not_installed(err: RedwoodError):
 @pytest.fixture(scope="session")
 def shipped_pair():
     """(target, draft, tokenizer) of the shipped qwen2.5-coder pair, float32 on CPU."""
-    from redwood.models import load_pair
+    from redwood.models.pair import load_pair
 
     try:
         target, draft, tokenizer = load_pair("qwen2.5-coder", dtype="float32", device="cpu")
@@ -35,8 +35,8 @@ def shipped_pair():
 def shipped_tokenizer():
     """The shipped pair's tokenizer alone (from the cached target dir; builds the cache on
     first use, loads in about a second afterwards)."""
-    from redwood.models import load_tokenizer
-    from redwood.shipped import shipped_model_dir
+    from redwood.models.hf_loading import load_tokenizer
+    from redwood.models.shipped import shipped_model_dir
 
     try:
         return load_tokenizer(shipped_model_dir("target"))

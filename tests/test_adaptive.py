@@ -5,10 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from redwood.adaptive import MAX_THRESHOLD, MIN_THRESHOLD, plan_adaptive
-from redwood.formats import Profile
-from redwood.planner import choose_tree, optimal_tree
-from redwood.tree import chain
+from redwood.plan.adaptive import MAX_THRESHOLD, MIN_THRESHOLD, plan_adaptive
+from redwood.plan.formats import Profile
+from redwood.plan.planner import choose_tree, optimal_tree
+from redwood.plan.tree import chain
 
 P = np.array([0.8, 0.1, 0.05, 0.02])
 
@@ -48,7 +48,7 @@ def test_threshold_is_clipped_to_a_useful_range():
 
 
 def test_adaptive_planning_does_not_import_torch():
-    code = "import sys, redwood.adaptive; assert 'torch' not in sys.modules"
+    code = "import sys, redwood.plan.adaptive; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

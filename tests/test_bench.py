@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from redwood.bench import BenchConfig, bench_settings, quick_config
-from redwood.bench_methods import METHODS, parse_specinfer_grid
-from redwood.bench_runners import AssistantSchedule, Setting, hf_generation_config, hf_runner, \
+from redwood.bench.config import BenchConfig, quick_config
+from redwood.bench.methods import METHODS, parse_specinfer_grid
+from redwood.bench.run import bench_settings
+from redwood.bench.runners import AssistantSchedule, Setting, hf_generation_config, hf_runner, \
     redwood_runner
-from redwood.bench_scaling import best_specinfer, budgets_up_to
-from redwood.cli import main
+from redwood.bench.scaling import best_specinfer, budgets_up_to
+from redwood.cli.main import main
 from redwood.errors import RedwoodError
-from redwood.formats import Acceptance
-from redwood.tree import Tree, specinfer
+from redwood.plan.formats import Acceptance
+from redwood.plan.tree import Tree, specinfer
 
 ROW_KEYS = {"method": str, "temperature": float, "top_p": float,
             "speedup_vs_autoregressive": (float, type(None)),
@@ -161,7 +162,7 @@ def test_bad_input_is_one_line_error(args, message, capsys, tmp_path):
 
 
 def test_real_run_without_vectors_fails_before_loading(tmp_path, capsys, monkeypatch):
-    import redwood.bench_inputs as inputs
+    import redwood.bench.inputs as inputs
 
     monkeypatch.setattr(inputs, "load_models", lambda *a, **k: pytest.fail("loaded models"))
     monkeypatch.setenv("REDWOOD_BUNDLE", str(tmp_path / "missing"))
@@ -212,7 +213,7 @@ def test_budgets_and_best_specinfer_by_brute_force():
 
 
 def test_vector_lookup_prefers_method_then_nearest_setting():
-    from redwood.bench_inputs import PlanInputs
+    from redwood.bench.inputs import PlanInputs
 
     def acc(t, top_p, method="sequoia", p1=0.5):
         return Acceptance(p=[p1, 0.1], temperature=t, top_p=top_p, extra={"method": method})
@@ -236,7 +237,7 @@ def test_vector_lookup_prefers_method_then_nearest_setting():
 
 
 def test_hf_generation_config_is_clean():
-    from redwood.tiny import tiny_model
+    from redwood.models.tiny_random import tiny_model
 
     model = tiny_model()
     model.generation_config.top_k = 20                  # a model default that must not leak
@@ -251,10 +252,10 @@ def test_hf_generation_config_is_clean():
 def test_runners_count_forwards_and_tokens():
     """transformers greedy (alone or assisted) = redwood autoregressive greedy, and the
     runners' forward counts and token counts are what each method must produce."""
-    from redwood.bench_inputs import quick_pair
-    from redwood.engine import Engine
+    from redwood.bench.inputs import quick_pair
+    from redwood.decode.engine import Engine
     from redwood.prompts import humaneval_prompts
-    from redwood.tree import chain
+    from redwood.plan.tree import chain
 
     torch.set_num_threads(1)
     pair = quick_pair()

@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy import stats
 
-from redwood.calibrate import calibrate, calibration_prompts
-from redwood.cli import main
+from redwood.measure.calibrate import calibrate, calibration_prompts
+from redwood.cli.main import main
 from redwood.errors import RedwoodError
-from redwood.formats import Acceptance
-from redwood.tiny import perturbed_copy, random_prompts, tiny_model
+from redwood.plan.formats import Acceptance
+from redwood.models.tiny_random import perturbed_copy, random_prompts, tiny_model
 
 VOCAB = 48
 
@@ -173,7 +173,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
 
 
 def test_int8_quantised_draft_calibrates(target64):
-    from redwood.fastlinear import quantize_int8
+    from redwood.models.cpu_kernels import quantize_int8
 
     draft = quantize_int8(copy.deepcopy(target64))          # converts to float32, then int8
     target32 = copy.deepcopy(target64).float()

@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from redwood.cli import main
-from redwood.engine import Engine
-from redwood.tree import Tree
+from redwood.cli.main import main
+from redwood.decode.engine import Engine
+from redwood.plan.tree import Tree
 from tiny import tiny_model
 
 TREE = Tree([-1, 0, 0, 1, 1, 3])
@@ -96,3 +96,21 @@ def test_bad_files_are_reported(model_dirs, tmp_path, capsys):
     assert "bad.json" in errors[0]
     assert "vocabularies differ" in errors[1]
     assert "missing" in errors[2]
+
+
+def test_stream_text_applies_stop_strings(model_dirs, shipped_tokenizer):
+    """The engine knows only tokens; stream_text cuts the text at SamplingParams.stop."""
+    from redwood.cli.textgen import stream_text
+    from redwood.decode.params import SamplingParams
+
+    _, target, draft = model_dirs
+    engine = Engine(target, draft, TREE)
+    params = SamplingParams(max_new_tokens=16)
+    _, full = stream_text(engine, shipped_tokenizer, "def add(a, b):", params, stop_on_eos=False)
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    pieces = []
+    result, text = stream_text(engine, shipped_tokenizer, "def add(a, b):",
+                               params.with_(stop=("\u2603 never", stop)), stop_on_eos=False,
+                               on_text=pieces.append)
+    assert text == "".join(pieces) == full[:full.find(stop)]
+    assert result is not None and len(result.tokens) <= 16

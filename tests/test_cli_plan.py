@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import redwood
-from redwood.cli import main
-from redwood.formats import Acceptance, Profile, sample_acceptance_path
-from redwood.planner import choose_tree, optimal_tree
-from redwood.tree import Tree
+from redwood.cli.main import main
+from redwood.plan.formats import Acceptance, Profile, sample_acceptance_path
+from redwood.plan.planner import choose_tree, optimal_tree
+from redwood.plan.tree import Tree
 
 P = [0.8, 0.1, 0.05, 0.02]
 

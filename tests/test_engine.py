@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-from redwood import kvcache
-from redwood.engine import Engine
+from redwood.backends import hf_cache as kvcache
+from redwood.decode.engine import Engine
 from redwood.errors import RedwoodError
-from redwood.tree import Tree
+from redwood.plan.tree import Tree
 from tiny import tiny_model
 
 TREES = {
@@ -90,12 +90,13 @@ def test_caches_equal_fresh_prefill_after_many_steps(pair):
     full = torch.cat([prompt, torch.tensor(stream.state.tokens)])
     assert len(full) > len(prompt) + 15
     # Target cache: everything but the newest token (the next root).
-    _assert_cache_matches(target, state.target_cache, full[:-1])
+    assert state.target.cache_length() == len(full) - 1
+    _assert_cache_matches(target, state.target.cache, full[:-1])
     # Draft cache: everything but its pending tokens and the root.
     drafter = state.drafter
     cached = len(full) - 1 - len(drafter.pending)
-    assert kvcache.cache_length(drafter.cache) == cached
-    _assert_cache_matches(draft, drafter.cache, full[:cached])
+    assert drafter.backend.cache_length() == cached
+    _assert_cache_matches(draft, drafter.backend.cache, full[:cached])
 
 
 @pytest.mark.parametrize("name", ["wide_deep", "deep_chain"])
@@ -129,9 +130,9 @@ def test_caches_stay_consistent_when_pruning(pair):
             break
     state, full = stream.state, torch.cat([prompt, torch.tensor(stream.state.tokens)])
     assert state.stats.tree_nodes < 15 * (len(TREES["wide_deep"]) - 1)     # it did prune
-    _assert_cache_matches(target, state.target_cache, full[:-1])
+    _assert_cache_matches(target, state.target.cache, full[:-1])
     cached = len(full) - 1 - len(state.drafter.pending)
-    _assert_cache_matches(draft, state.drafter.cache, full[:cached])
+    _assert_cache_matches(draft, state.drafter.backend.cache, full[:cached])
 
 
 def _assert_cache_matches(model, cache, sequence):
@@ -234,7 +235,7 @@ def test_a_request_can_bring_its_own_tree(pair):
 
 
 def test_an_int8_draft_is_accepted_and_stays_exact_in_greedy():
-    from redwood.fastlinear import quantize_int8
+    from redwood.models.cpu_kernels import quantize_int8
 
     target = tiny_model("qwen2", vocab_size=96, seed=1, scale=4.0)
     draft = quantize_int8(perturbed(target, 0.003, seed=2))

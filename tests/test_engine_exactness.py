@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from redwood.engine import Engine
-from redwood.sampling import process_logits
-from redwood.tree import Tree
+from redwood.decode.engine import Engine
+from redwood.decode.sampling import process_logits
+from redwood.plan.tree import Tree
 from tiny import tiny_model
 
 VOCAB = 8

@@ -1,13 +1,15 @@
-"""fastlinear.py: the oneDNN small-row path computes the same function as F.linear, only for
-the configured row counts, and int8 dynamic quantisation keeps a tiny model's predictions."""
+"""models/cpu_kernels.py: the oneDNN small-row path computes the same function as F.linear,
+only for the configured row counts, and int8 dynamic quantisation keeps a tiny model's
+predictions."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from redwood import fastlinear, models
+from redwood import models
 from redwood.errors import RedwoodError
+from redwood.models import cpu_kernels as fastlinear
 from test_models import tiny_causal_lm
 
 pytestmark = pytest.mark.skipif(not fastlinear.fast_linear_available(), reason="no oneDNN")

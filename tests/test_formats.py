@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redwood.errors import RedwoodError
-from redwood.formats import (Acceptance, Profile, conditional_to_unconditional, load_acceptance,
+from redwood.plan.formats import (Acceptance, Profile, conditional_to_unconditional, load_acceptance,
                              load_profile, sample_acceptance_path, sample_profile_path,
                              save_acceptance, save_profile, unconditional_to_conditional,
                              validate_p)

@@ -1,5 +1,5 @@
-"""models.py / shipped.py: loading, dtype/device, vocab checks, error messages, and the
-integrity of the shipped-pair cache (with tiny random models and fake part packages)."""
+"""redwood.models (hf_loading, threads, pair): loading, dtype/device, vocab checks, error
+messages, threads and load_pair (with tiny random models)."""
 from __future__ import annotations
 
 import os

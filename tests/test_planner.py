@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import redwood
 from redwood.errors import RedwoodError
-from redwood.formats import Profile
-from redwood.planner import (chain, choose_tree, dp_table, optimal_tree, reference_values,
+from redwood.plan.formats import Profile
+from redwood.plan.planner import (chain, choose_tree, dp_table, optimal_tree, reference_values,
                              specinfer, star, step_draft_ms)
-from redwood.tree import Tree
+from redwood.plan.tree import Tree
 
 # --- brute force: every ordered tree with n nodes, <= l levels, <= w children per node ------
 
@@ -302,7 +302,7 @@ def test_public_api_names():
 def test_planner_imports_without_torch():
     src = str(Path(redwood.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    code = ("import sys, redwood, redwood.planner, redwood.formats, redwood.render, redwood.tree\n"
+    code = ("import sys, redwood, redwood.plan.planner, redwood.plan.formats, redwood.plan.render, redwood.plan.tree\n"
             "redwood.optimal_tree([0.8, 0.1], 10, 4)\n"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
             "assert not bad, bad\n")

@@ -4,13 +4,13 @@ import json
 import pytest
 import torch
 
-from redwood import kvcache
-from redwood.cli import main
+from redwood.backends import hf_cache as kvcache
+from redwood.cli.main import main
 from redwood.errors import RedwoodError
-from redwood.formats import Profile
-from redwood.planner import choose_tree
-from redwood.profile import _Bench, default_sizes, model_dtype, profile_latency, timing_tree
-from redwood.tiny import tiny_pair
+from redwood.plan.formats import Profile
+from redwood.plan.planner import choose_tree
+from redwood.measure.profile import _Bench, default_sizes, model_dtype, profile_latency, timing_tree
+from redwood.models.tiny_random import tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +56,32 @@ def test_profile_covers_budgets_and_widths(tmp_path, pair):
 
 
 def test_timed_forward_leaves_the_cache_at_the_context(pair):
-    target, _ = pair
+    from redwood.backends.hf import HFBackend
+
+    target, draft = pair
     context = torch.arange(2, 18)
-    bench = _Bench(target, context, "tree")
     generator = torch.Generator().manual_seed(0)
-    for n in (1, 5, 12):
-        bench.prepare(n, 64, generator)
-        ids, positions, mask = bench.inputs[n]
-        assert mask.shape == (1, 1, n, len(context) + n)
-        tree = timing_tree(n)
-        assert positions.tolist() == (len(context) + tree.depths).tolist()
-        hidden = mask[0, 0, :, len(context):] < 0          # tree part: hidden where not an ancestor
-        assert (hidden == torch.as_tensor(~tree.ancestor_mask())).all()
-        bench.run(n)
-        assert kvcache.cache_length(bench.cache) == len(context)
+    for shape, model in (("tree", target), ("level", draft)):
+        backend = HFBackend(model)
+        bench = _Bench(backend, context, shape)
+        for n in (1, 5, 12):
+            bench.prepare(n, 64, generator)
+            tree, nodes, ids, root_position = bench.inputs[n]
+            if shape == "tree":                # the planner's shape, root included, after the context
+                assert tree == timing_tree(n) and nodes == list(range(n))
+                assert root_position == len(context)
+            else:                              # one level of n siblings under a committed root
+                assert nodes == list(range(1, n + 1)) and root_position == len(context) - 1
+            assert len(ids) == len(nodes)
+            bench.run(n)
+            assert backend.cache_length() == len(context)
+            assert kvcache.cache_length(backend.cache) == len(context)
 
 
 def test_int8_and_fast_linear_are_recorded(pair):
     import copy
 
-    from redwood.fastlinear import enable_fast_linear, quantize_int8
+    from redwood.models.cpu_kernels import enable_fast_linear, quantize_int8
 
     target, draft = pair
     assert model_dtype(target) == "float32"

@@ -1,10 +1,10 @@
 """The engine on the shipped real pair (Qwen2.5-Coder 1.5B target, 0.5B draft)."""
 import pytest
 
-from redwood.engine import Engine
-from redwood.presets import default_tree
+from redwood.decode.engine import Engine
+from redwood.measure.bundles import default_tree
 from redwood.prompts import encode_prompt, humaneval_prompts
-from redwood.tree import Tree
+from redwood.plan.tree import Tree
 
 pytestmark = pytest.mark.real
 

@@ -11,8 +11,8 @@ import torch
 from scipy.stats import chisquare
 
 from redwood.errors import RedwoodError
-from redwood import sampling
-from redwood.sampling import greedy_children, process_logits, propose_children, sample_token
+from redwood.decode import sampling
+from redwood.decode.sampling import greedy_children, process_logits, propose_children, sample_token
 
 ALPHA = 1e-3
 

@@ -24,8 +24,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from redwood import Engine, Tree
-from redwood.detokenize import IncrementalText
-from redwood.server import ServerConfig, create_app
+from redwood.decode.detokenize import IncrementalText
+from redwood.serve.app import ServerConfig, create_app
 from tiny import tiny_model
 
 QWEN_VOCAB = 151_936
@@ -174,6 +174,43 @@ def test_incremental_text_releases_a_false_stop_prefix(tokenizer):
     ids = tokenizer("x = E + 1").input_ids
     out = "".join(inc.add([t]) for t in ids) + inc.finish()
     assert out == "x = E + 1" and not inc.stopped
+
+
+# --- prompt ids: the server tokenises as the CLI does (no server) ----------------------------
+
+class BosTokenizer:
+    """The Qwen tokenizer, except that it adds a BOS as Llama's does: the case where a server
+    and a CLI that encode prompts differently would feed the model different ids."""
+
+    def __init__(self, inner):
+        self.inner, self.bos_token_id = inner, inner.convert_tokens_to_ids("<|endoftext|>")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, text, add_special_tokens=True, **kwargs):
+        ids = self.inner(text, add_special_tokens=False, **kwargs)["input_ids"]
+        return {"input_ids": [self.bos_token_id] * add_special_tokens + list(ids)}
+
+
+@pytest.mark.parametrize("with_bos", [False, True])
+@pytest.mark.parametrize("text", ["def fibonacci(n):", "  leading spaces\n", "naïve café"])
+def test_server_prompt_ids_equal_the_clis(tokenizer, with_bos, text):
+    from redwood.prompts import encode_prompt
+    from redwood.serve.openai_requests import parse_request
+
+    tok = BosTokenizer(tokenizer) if with_bos else tokenizer
+    limits = dict(tokenizer=tok, context=1024, vocab_size=QWEN_VOCAB, default_max_tokens=4)
+    completion = parse_request({"prompt": text}, "completion", **limits).prompt_ids
+    chat = parse_request({"messages": [{"role": "user", "content": text}]}, "chat",
+                         **limits).prompt_ids
+    assert completion == encode_prompt(tok, text).tolist()
+    assert chat == encode_prompt(tok, text, chat=True).tolist()
+    plain = tokenizer(text, add_special_tokens=False).input_ids
+    # raw text gets the tokenizer's BOS once (Qwen2's: none); the chat template's own
+    # special tokens are never doubled by a BOS
+    assert completion == [tok.bos_token_id] * with_bos + plain
+    assert chat == chat_ids(tokenizer, [{"role": "user", "content": text}])
 
 
 # --- OpenAI client: completions and chat ----------------------------------------------------
@@ -608,7 +645,7 @@ def test_cli_serve_end_to_end(tmp_path, pair, engine, tokenizer):
 
 
 def test_cli_serve_refuses_bad_arguments(capsys):
-    from redwood.cli import main
+    from redwood.cli.main import main
 
     assert main(["serve", "--tree", "no/such/tree.json"]) == 2
     assert main(["serve", "--port", "70000"]) == 2

@@ -1,6 +1,6 @@
-"""shipped.py: assembling part packages and the integrity of the model cache, with fake part
-packages (real wheels' layout: module with get_part_path() + dist-info with a RECORD) and a
-fake dequantiser, so no real model is loaded."""
+"""models/shipped.py + manifest.py: assembling part packages and the integrity of the model
+cache, with fake part packages (real wheels' layout: module with get_part_path() + dist-info
+with a RECORD) and a fake dequantiser, so no real model is loaded."""
 from __future__ import annotations
 
 import base64
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from redwood import shipped
 from redwood.errors import RedwoodError
+from redwood.models import manifest, shipped
 
 PART_BYTES = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 50, b"tail" * 999]
 
@@ -70,9 +70,9 @@ def test_first_use_builds_then_trusts_the_cache(fake_pair):
     assert final == fake_pair["cache"] / "fake" / "target"
     assert (final / "model.safetensors").read_bytes() == b"".join(PART_BYTES)
     assert not (final / "model.gguf").exists()                    # assembled GGUF deleted
-    manifest = json.loads((final / shipped.MANIFEST).read_text())
-    assert set(manifest["files"]) == {"model.safetensors", "config.json"}
-    assert manifest["files"]["model.safetensors"]["sha256"] == hashlib.sha256(b"".join(PART_BYTES)).hexdigest()
+    recorded = json.loads((final / manifest.MANIFEST).read_text())
+    assert set(recorded["files"]) == {"model.safetensors", "config.json"}
+    assert recorded["files"]["model.safetensors"]["sha256"] == hashlib.sha256(b"".join(PART_BYTES)).hexdigest()
     assert [p.name for p in final.parent.iterdir() if p.name.startswith(".")] == [".lock"]
     assert build(fake_pair) == final and len(fake_pair["calls"]) == 1
     target_dir, draft_dir = shipped.shipped_pair_dirs(fake_pair["cache"], progress=False, name="fake")
@@ -90,20 +90,20 @@ def test_damaged_cache_is_rebuilt(fake_pair, damage, capsys):
     elif damage == "overwrite_head":
         weights.write_bytes(b"XXXX" + weights.read_bytes()[4:])
     elif damage == "delete_manifest":
-        (final / shipped.MANIFEST).unlink()
+        (final / manifest.MANIFEST).unlink()
     elif damage == "delete_file":
         (final / "config.json").unlink()
     elif damage == "garble_manifest":
-        (final / shipped.MANIFEST).write_text("{not json")
+        (final / manifest.MANIFEST).write_text("{not json")
     else:   # the cache was built from different part packages (e.g. an older redwood pinned others)
-        manifest = json.loads((final / shipped.MANIFEST).read_text())
-        manifest["source"]["version"] = "0.9"
-        (final / shipped.MANIFEST).write_text(json.dumps(manifest))
-    assert shipped.check_manifest(final) is not None or damage == "other_source"
+        recorded = json.loads((final / manifest.MANIFEST).read_text())
+        recorded["source"]["version"] = "0.9"
+        (final / manifest.MANIFEST).write_text(json.dumps(recorded))
+    assert manifest.check_manifest(final) is not None or damage == "other_source"
     assert build(fake_pair) == final
     assert len(fake_pair["calls"]) == 2
     assert weights.read_bytes() == b"".join(PART_BYTES)
-    assert shipped.check_manifest(final) is None
+    assert manifest.check_manifest(final) is None
     assert "not usable" in capsys.readouterr().err
 
 
@@ -111,19 +111,19 @@ def test_quick_check_samples_and_full_check_reads_everything(tmp_path):
     size = 3 << 20
     data = bytearray(os.urandom(size))
     (tmp_path / "w.bin").write_bytes(data)
-    shipped.write_manifest(tmp_path, {"test": 1})
-    assert shipped.check_manifest(tmp_path, {"test": 1}) is None
-    assert shipped.check_manifest(tmp_path, {"test": 2}) == "built from different part packages"
+    manifest.write_manifest(tmp_path, {"test": 1})
+    assert manifest.check_manifest(tmp_path, {"test": 1}) is None
+    assert manifest.check_manifest(tmp_path, {"test": 2}) == "built from different part packages"
     # a byte between the first two sampled blocks: the quick check cannot see it, the full one does
-    step = (size - shipped._SAMPLE_BLOCK) // (shipped._SAMPLE_COUNT + 1)
-    offset = shipped._SAMPLE_BLOCK + (step - shipped._SAMPLE_BLOCK) // 2
+    step = (size - manifest._SAMPLE_BLOCK) // (manifest._SAMPLE_COUNT + 1)
+    offset = manifest._SAMPLE_BLOCK + (step - manifest._SAMPLE_BLOCK) // 2
     data[offset] ^= 0xFF
     (tmp_path / "w.bin").write_bytes(data)
-    assert shipped.check_manifest(tmp_path, verify="quick") is None
-    assert "sha256" in shipped.check_manifest(tmp_path, verify="full")
+    assert manifest.check_manifest(tmp_path, verify="quick") is None
+    assert "sha256" in manifest.check_manifest(tmp_path, verify="full")
     data[step + 5] ^= 0xFF                       # inside the second sampled block
     (tmp_path / "w.bin").write_bytes(data)
-    assert "fingerprint" in shipped.check_manifest(tmp_path, verify="quick")
+    assert "fingerprint" in manifest.check_manifest(tmp_path, verify="quick")
 
 
 def test_leftovers_of_a_killed_build_are_never_trusted(fake_pair):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from redwood.errors import RedwoodError
-from redwood.tree import Tree, chain, specinfer, star
+from redwood.plan.tree import Tree, chain, specinfer, star
 
 # root 0 with children 1, 2; node 1 has children 3, 4; node 2 has child 5; node 3 has child 6
 PARENTS = [-1, 0, 0, 1, 1, 2, 3]

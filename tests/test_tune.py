@@ -3,15 +3,15 @@ import json
 
 import pytest
 
-from redwood.cli import main
+from redwood.cli.main import main
 from redwood.errors import RedwoodError
-from redwood.formats import Acceptance, Profile
-from redwood.planner import choose_tree
-from redwood.presets import (BUNDLE_ENV, default_tree, find_bundle, load_bundle, resolve_tree,
+from redwood.plan.formats import Acceptance, Profile
+from redwood.plan.planner import choose_tree
+from redwood.measure.bundles import (BUNDLE_ENV, default_tree, find_bundle, load_bundle, resolve_tree,
                              shipped_bundle_dir)
-from redwood.tiny import random_prompts, tiny_pair
-from redwood.tree import Tree, chain, specinfer, star
-from redwood.tune import TuneSettings, tune
+from redwood.models.tiny_random import random_prompts, tiny_pair
+from redwood.plan.tree import Tree, chain, specinfer, star
+from redwood.measure.tune import TuneSettings, tune
 
 SMALL = TuneSettings(temperatures=(0.0, 1.0), width=4, max_budget=8, max_depth=5, context=16,
                      repeats=1, warmup=0, max_new_tokens=12)
@@ -64,7 +64,7 @@ def test_tune_writes_a_consistent_bundle(tmp_path, pair):
 
 def _assert_adaptive_entries_replan(directory, bundle, profile, max_budget, max_depth):
     """Every entry's adaptive tree and threshold are plan_adaptive's on the stored files."""
-    from redwood.adaptive import plan_adaptive
+    from redwood.plan.adaptive import plan_adaptive
 
     for entry, record in zip(bundle.entries, bundle.index["trees"]):
         acceptance = Acceptance.load(directory / entry.acceptance)
@@ -217,9 +217,9 @@ def test_generate_tree_auto_without_a_bundle_exits_2_before_loading(tmp_path, ca
 
 def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shipped_tokenizer,
                                                                     monkeypatch):
-    from redwood.profile import fast_linear_enabled
-    from redwood.textgen import ModelConfig, load_engine
-    from redwood.tiny import tiny_model
+    from redwood.measure.profile import fast_linear_enabled
+    from redwood.cli.textgen import ModelConfig, load_engine
+    from redwood.models.tiny_random import tiny_model
 
     model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)   # only the tree is checked
     for name in ("target", "draft"):

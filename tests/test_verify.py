@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from redwood.sampling import process_logits, propose_children
-from redwood.tree import Tree
-from redwood.verify import RESIDUAL_EPS, _TargetLaw, verify_greedy, verify_tree
+from redwood.decode.sampling import process_logits, propose_children
+from redwood.plan.tree import Tree
+from redwood.decode.verify import RESIDUAL_EPS, _TargetLaw, verify_greedy, verify_tree
 
 ALPHA = 1e-3
 

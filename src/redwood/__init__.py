@@ -1,17 +1,18 @@
 """redwood: hardware-aware tree speculative decoding (Sequoia).
 
-The planner half (Tree, optimal_tree, choose_tree) is pure numpy and imports
-without torch; the engine half is imported lazily on first use.
+Packages follow the data flow: plan (pure numpy) -> decode (the loop, drafters,
+verification) -> backends (model runtimes) -> measure / bench / serve / cli.
+The planner half imports without torch; the engine half is imported lazily on first use.
 """
-from redwood.tree import Tree
-from redwood.planner import choose_tree, dp_table, optimal_tree
-from redwood.tree import chain, specinfer, star
+from redwood.plan.planner import choose_tree, dp_table, optimal_tree
+from redwood.plan.tree import Tree, chain, specinfer, star
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Engine": ("redwood.engine", "Engine"),
-    "GenerationResult": ("redwood.engine", "GenerationResult"),
+    "Engine": ("redwood.decode.engine", "Engine"),
+    "GenerationResult": ("redwood.decode.stats", "GenerationResult"),
+    "SamplingParams": ("redwood.decode.params", "SamplingParams"),
     "load_model": ("redwood.models", "load_model"),
     "load_pair": ("redwood.models", "load_pair"),
 }
@@ -26,5 +27,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'redwood' has no attribute {name!r}")
 
 
-__all__ = ["Tree", "optimal_tree", "choose_tree", "dp_table", "chain", "star", "specinfer", "Engine", "GenerationResult",
-           "load_model", "load_pair", "__version__"]
+__all__ = ["Tree", "optimal_tree", "choose_tree", "dp_table", "chain", "star", "specinfer", "Engine",
+           "GenerationResult", "SamplingParams", "load_model", "load_pair", "__version__"]

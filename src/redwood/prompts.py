@@ -18,19 +18,51 @@ EVALUATION = range(40, 164)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> torch.Tensor:
-    """Token ids [L] of a prompt; with `chat`, wrapped in the tokenizer's chat template."""
+    """Token ids [L] of a prompt, as the CLI, calibration, benchmarks and the server feed them.
+
+    Raw text (`chat=False`, the server's /v1/completions) is encoded by `encode_text`: with the
+    BOS the tokenizer declares it adds (Llama, Mistral, Gemma), never with an EOS. A raw
+    prompt is the start of a document, and those models saw every training document begin
+    with BOS; without it they continue text noticeably worse. This is what transformers'
+    own examples, vLLM's /v1/completions and llama.cpp do. Qwen2 adds no BOS, so for the
+    shipped pair the ids are the plain tokenisation of the text.
+
+    With `chat`, the text is one user message wrapped in the tokenizer's chat template
+    (`encode_chat`, also behind the server's /v1/chat/completions); the template writes its
+    own special tokens, so nothing more is added.
+    """
     if not isinstance(prompt, str) or not prompt.strip():
         raise RedwoodError("the prompt is empty: give some text to continue")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise RedwoodError("this tokenizer has no chat template; drop --chat")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
+        ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     else:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = encode_text(tokenizer, prompt)
     return torch.tensor(ids, dtype=torch.long)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Ids of raw text to continue: the tokenizer's BOS if it adds one, then the text (see
+    `encode_prompt` for why). No emptiness check: the server accepts any non-empty string."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    bos = getattr(tokenizer, "bos_token_id", None)
+    # Whether the tokenizer adds BOS shows only by encoding something: Qwen2's tokenizer
+    # names a bos_token but never adds it. A text that starts with the BOS token keeps one.
+    if bos is not None and ids[:1] != [bos] and tokenizer("a")["input_ids"][:1] == [bos]:
+        ids.insert(0, bos)
+    return ids
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Ids of a conversation ({role, content} dicts with text content) in the tokenizer's chat
+    template, ending with the assistant's turn opened. The rendered text is tokenised without
+    special tokens because the template already holds them (a second BOS would confuse the
+    model). Errors from the template itself (jinja's, for conversations it refuses) propagate."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise RedwoodError("this tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def humaneval_prompts(split: str = "evaluation", limit: int | None = None) -> list[str]:

@@ -1,0 +1,1 @@
+"""Model runtimes behind the `Backend` protocol (base.py): transformers (hf.py)."""

@@ -1,0 +1,1 @@
+"""`redwood bench`: methods interleaved per prompt, reports, plots, scaling runs."""

@@ -1,0 +1,216 @@
+"""The benchmark's methods for one sampling setting, each with its tree or schedule chosen
+the way a user tuning for this machine would choose it.
+
+- autoregressive: redwood's target-only loop;
+- hf_generate: `transformers` `generate` with the target alone;
+- hf_assisted_default: `transformers` assisted generation with its default schedule;
+- hf_assisted_constant: assisted generation with a constant `num_assistant_tokens` k, the
+  best k of a grid;
+- chain: redwood's chain, its length planned by our own objective with W = 1;
+- specinfer: redwood's specinfer verification on the best k x d tree of a grid;
+- sequoia: the tuned (or given, or planned) tree.
+- sequoia_adaptive: sequoia on the adaptive tree pruned by draft confidence (the bundle's,
+  or redwood.plan.adaptive's plan from the profile and vector).
+Grid choices are made per setting, measured on calibration-split prompts (never on the
+evaluation prompts), or by the planner's objective when `select_prompts` is 0.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+from redwood.bench.inputs import Pair, PlanInputs, predicted_rate
+from redwood.bench.runners import AssistantSchedule, Setting, hf_runner, redwood_runner
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree, chain, specinfer
+
+METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_constant",
+           "chain", "specinfer", "sequoia", "sequoia_adaptive")
+HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
+
+
+@dataclass
+class MethodSpec:
+    """One method, configured for one setting."""
+    method: str
+    config: str                          # e.g. "n=4 d=4", "k=4", "2x3", "default"
+    run: Callable
+    predicted: float | None = None       # planner-predicted tokens per target forward
+    tree: Tree | None = None
+    chosen_by: str = ""                  # how the tree / schedule was chosen
+    vector: str = ""                     # which acceptance vector the prediction used
+
+
+@dataclass
+class Selection:
+    """A grid choice and the numbers behind it."""
+    method: str
+    setting: Setting
+    by: str
+    candidates: list[dict] = field(default_factory=list)
+    chosen: str = ""
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "temperature": self.setting.temperature,
+                "top_p": self.setting.top_p, "by": self.by, "chosen": self.chosen,
+                "candidates": self.candidates}
+
+
+class MethodFactory:
+    """Builds the MethodSpecs of each setting; engines are shared per distinct tree."""
+
+    def __init__(self, pair: Pair, inputs: PlanInputs, hf_grid, specinfer_grid,
+                 select_prompts: list, select_tokens: int, seed: int):
+        self.pair, self.inputs = pair, inputs
+        self.hf_grid, self.specinfer_grid = list(hf_grid), list(specinfer_grid)
+        self.select_prompts, self.select_tokens, self.seed = select_prompts, select_tokens, seed
+        self.selections: list[Selection] = []
+        self._engines: dict = {}
+
+    def engine(self, tree: Tree):
+        from redwood.decode.engine import Engine
+
+        key = tuple(tree.parents)
+        if key not in self._engines:
+            self._engines[key] = Engine(self.pair.target, self.pair.draft, tree)
+        return self._engines[key]
+
+    def specs(self, setting: Setting, methods) -> list[MethodSpec]:
+        build = {"autoregressive": self._autoregressive, "hf_generate": self._hf_generate,
+                 "hf_assisted_default": self._hf_default, "hf_assisted_constant": self._hf_constant,
+                 "chain": self._chain, "specinfer": self._specinfer, "sequoia": self._sequoia,
+                 "sequoia_adaptive": self._sequoia_adaptive}
+        return [build[m](setting) for m in methods]
+
+    # -- one builder per method -----------------------------------------------------------
+    def _autoregressive(self, setting):
+        return MethodSpec("autoregressive", "target only", redwood_runner(self.engine(chain(1)),
+                          "autoregressive"), 1.0, chosen_by="baseline")
+
+    def _hf_generate(self, setting):
+        return MethodSpec("hf_generate", "target only", hf_runner(self.pair.target), 1.0,
+                          chosen_by="baseline")
+
+    def _hf_default(self, setting):
+        return MethodSpec("hf_assisted_default", "default",
+                          hf_runner(self.pair.target, self.pair.draft, AssistantSchedule()),
+                          None, chosen_by="transformers' default assistant schedule")
+
+    def _hf_constant(self, setting):
+        vector = self.inputs.vector_or_none(setting.temperature, setting.top_p)
+        candidates = []
+        for k in self.hf_grid:
+            tree = chain(k + 1)          # k drafted tokens verified in one target forward
+            candidates.append(MethodSpec(
+                "hf_assisted_constant", f"k={k}",
+                hf_runner(self.pair.target, self.pair.draft, AssistantSchedule(k)),
+                _expected(tree, vector), tree, vector=_describe(vector)))
+        return self._select("hf_assisted_constant", setting, candidates)
+
+    def _chain(self, setting):
+        vector = self.inputs.vector_or_none(setting.temperature, setting.top_p)
+        sequoia, _ = self.inputs.sequoia_tree(setting.temperature, setting.top_p)
+        tree, how = self.inputs.chain_tree(setting.temperature, setting.top_p, sequoia)
+        return MethodSpec("chain", f"n={len(tree)}", redwood_runner(self.engine(tree), "chain"),
+                          _expected(tree, vector), tree, how, _describe(vector))
+
+    def _specinfer(self, setting):
+        vector = self.inputs.vector_or_none(setting.temperature, setting.top_p, "specinfer")
+        candidates = []
+        for k, d in self.specinfer_grid:
+            tree = specinfer(k, d)
+            candidates.append(MethodSpec("specinfer", f"{k}x{d}",
+                                         redwood_runner(self.engine(tree), "specinfer"),
+                                         _expected(tree, vector), tree, vector=_describe(vector)))
+        return self._select("specinfer", setting, candidates)
+
+    def _sequoia(self, setting):
+        vector = self.inputs.vector_or_none(setting.temperature, setting.top_p)
+        tree, how = self.inputs.sequoia_tree(setting.temperature, setting.top_p)
+        return MethodSpec("sequoia", f"n={len(tree)} d={tree.num_levels}",
+                          redwood_runner(self.engine(tree), "sequoia"),
+                          _expected(tree, vector), tree, how, _describe(vector))
+
+    def _sequoia_adaptive(self, setting):
+        tree, threshold, how = self.inputs.adaptive_tree(setting.temperature, setting.top_p)
+        return MethodSpec("sequoia_adaptive", f"n<={len(tree)} d<={tree.num_levels} c={threshold:.2f}",
+                          redwood_runner(self.engine(tree), "sequoia", threshold), None, tree, how,
+                          "none (pruned trees: no positional prediction)")
+
+    # -- grid selection -------------------------------------------------------------------
+    def _select(self, method, setting, candidates: list[MethodSpec]) -> MethodSpec:
+        if len(candidates) == 1:
+            candidates[0].chosen_by = "the only grid entry"
+            return candidates[0]
+        if self.select_prompts:
+            best = self._select_measured(method, setting, candidates)
+        else:
+            best = self._select_predicted(method, setting, candidates)
+        return best
+
+    def _select_measured(self, method, setting, candidates):
+        how = (f"measured: best median tokens/s on {len(self.select_prompts)} calibration-split "
+               f"prompt(s) x {self.select_tokens} tokens")
+        selection = Selection(method, setting, how)
+        rates = []
+        for spec in candidates:
+            tps = [spec.run(ids, setting, self.seed + i, self.select_tokens).tokens_per_second
+                   for i, ids in enumerate(self.select_prompts)]
+            rates.append(statistics.median(tps))
+            selection.candidates.append({"config": spec.config, "tokens_per_second": rates[-1],
+                                         "predicted_tokens_per_step": spec.predicted})
+        best = candidates[max(range(len(candidates)), key=lambda i: rates[i])]
+        return self._chosen(selection, best, how)
+
+    def _select_predicted(self, method, setting, candidates):
+        how = "planner objective: predicted tokens/s from the vector and the profile"
+        selection = Selection(method, setting, how)
+        rates = []
+        for spec in candidates:
+            rate = None if spec.predicted is None else \
+                predicted_rate(spec.tree, spec.predicted, self.inputs.profile)
+            rates.append(rate)
+            selection.candidates.append({"config": spec.config,
+                                         "predicted_tokens_per_second": rate,
+                                         "predicted_tokens_per_step": spec.predicted})
+        if all(r is None for r in rates):
+            best, how = candidates[0], "no profile covers the grid: its first entry"
+        else:
+            best = candidates[max((i for i, r in enumerate(rates) if r is not None),
+                                  key=lambda i: rates[i])]
+        return self._chosen(selection, best, how)
+
+    def _chosen(self, selection, best, how):
+        selection.chosen, selection.by = best.config, how
+        self.selections.append(selection)
+        best.chosen_by = how
+        return best
+
+
+def _expected(tree: Tree, vector) -> float | None:
+    return None if vector is None else tree.expected_length(vector.p)
+
+
+def _describe(vector) -> str:
+    return "none (no acceptance vector given)" if vector is None else vector.describe()
+
+
+def parse_specinfer_grid(text) -> list[tuple[int, int]]:
+    """'2x2,2x3' or ['2x2', '3x1'] -> [(2, 2), (2, 3)]; RedwoodError on anything else."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    grid = []
+    for item in items:
+        if isinstance(item, tuple):
+            k, d = item
+        else:
+            parts = str(item).strip().lower().split("x")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise RedwoodError(f"specinfer grid entry {item!r} is not KxD (e.g. 2x3)")
+            k, d = int(parts[0]), int(parts[1])
+        if k < 1 or d < 1:
+            raise RedwoodError(f"specinfer grid entry {k}x{d}: k and d must be >= 1")
+        grid.append((int(k), int(d)))
+    if not grid:
+        raise RedwoodError("the specinfer grid is empty; give entries like 2x2,2x3")
+    return grid

@@ -1,0 +1,248 @@
+"""The benchmark's numbers and documents: per method x setting summary rows computed from
+the per-prompt records, the summary JSON, the raw JSON and the markdown table."""
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from redwood.bench.common import METHOD_LABELS, atomic_write, cpu_cores, duration, machine_name
+from redwood.bench.methods import HF_METHODS
+from redwood.bench.plots import save_plots
+
+
+def _fmt(value, pattern="{:.2f}", missing="–") -> str:
+    return missing if value is None else pattern.format(value)
+
+
+def _split(row) -> str:
+    s = row["time_split"]
+    return f"{100 * s['target']:.0f} / {100 * s['draft']:.0f} / {100 * s['other']:.0f}"
+
+
+def _same(row) -> str:
+    value = row["greedy_matches_autoregressive"]
+    return "–" if value is None else ("yes" if value else "no")
+
+
+def results_table(rows) -> list[str]:
+    lines = ["| method | config | T | top_p | tokens/s | × autoregressive | × HF generate | "
+             "tokens/step | predicted | time % target / draft / other | greedy = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {METHOD_LABELS.get(r['method'], r['method'])} | {r['config']} | "
+            f"{r['temperature']:g} | {r['top_p']:g} | {r['tokens_per_second']:.2f} | "
+            f"{_fmt(r['speedup_vs_autoregressive'])} | {_fmt(r['speedup_vs_hf_generate'])} | "
+            f"{r['tokens_per_step']:.2f} | {_fmt(r['predicted_tokens_per_step'])} | "
+            f"{_split(r)} | {_same(r)} |")
+    return lines
+
+
+def goal_lines(rows) -> list[str]:
+    """The issue's goals, per setting, from the summary rows."""
+    lines = []
+    settings = sorted({(r["temperature"], r["top_p"]) for r in rows})
+    for t, p in settings:
+        here = {r["method"]: r for r in rows if r["temperature"] == t and r["top_p"] == p}
+        seq = here.get("sequoia")
+        if seq is None:
+            continue
+        parts = [f"**T={t:g}, top_p={p:g}**: sequoia {_fmt(seq['speedup_vs_autoregressive'])}x "
+                 f"vs autoregressive"]
+        hf = [here[m] for m in ("hf_assisted_default", "hf_assisted_constant") if m in here]
+        if hf:
+            best = max(hf, key=lambda r: r["tokens_per_second"])
+            parts.append(f"{seq['tokens_per_second'] / best['tokens_per_second']:.2f}x vs the "
+                         f"best HF assisted ({best['config']})")
+        if "chain" in here:
+            parts.append(f"{seq['tokens_per_second'] / here['chain']['tokens_per_second']:.2f}x "
+                         f"vs the tuned chain ({here['chain']['config']})")
+        if seq["predicted_tokens_per_step"]:
+            error = seq["tokens_per_step"] / seq["predicted_tokens_per_step"] - 1
+            parts.append(f"tokens/step {seq['tokens_per_step']:.2f} vs predicted "
+                         f"{seq['predicted_tokens_per_step']:.2f} ({100 * error:+.0f}%)")
+        tree = seq.get("tree_parents") or []
+        if len(tree) > 1 and tree == [-1] + list(range(len(tree) - 1)):
+            planned = seq["chosen_by"].startswith(("tuned bundle", "planned"))
+            parts.append("the planner chose a chain for this machine (the hardware-aware answer)"
+                         if planned else "the given tree is a chain")
+        lines.append("- " + "; ".join(parts))
+    return lines
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# redwood bench: {doc['machine']}, {doc['date']}", "",
+             f"- command: `{doc['command']}`" if doc.get("command") else "- command: (API call)",
+             f"- models: {doc['models']}",
+             f"- wall time: {duration(doc['elapsed_seconds'])} (model loading excluded)",
+             f"- latency profile: {doc['profile']}",
+             f"- raw per-prompt records: `{doc['raw']}`"]
+    load = doc.get("load_average_1min") or {}
+    if load.get("samples"):
+        lines.append(f"- machine load (1-min average, {load['cores']} cores) during the run: "
+                     f"start {load['start']:.2f}, max {load['max']:.2f}")
+    lines.append("")
+    lines.append("Reduced versus the issue's full specification (20 prompts, 128 tokens, "
+                 "T in {0, 0.6, 1.0}, top_p in {1.0, 0.9}, all methods, grids):")
+    lines += [f"- {r}" for r in doc["reductions"]] or ["- nothing: full specification"]
+    lines += ["", "## Results", ""] + results_table(doc["summary"])
+    goals = goal_lines(doc["summary"])
+    if goals:
+        lines += ["", "## Against the goals", ""] + goals
+    lines += ["", "## How each method was configured", ""]
+    for r in doc["summary"]:
+        if r["method"] not in ("autoregressive", "hf_generate"):
+            lines.append(f"- {r['method']} at T={r['temperature']:g}, top_p={r['top_p']:g}: "
+                         f"{r['config']} ({r['chosen_by']})")
+    for sel in doc["selections"]:
+        cells = ", ".join(f"{c['config']}: " + (
+            f"{c['tokens_per_second']:.2f} tok/s" if "tokens_per_second" in c
+            else f"{_fmt(c['predicted_tokens_per_second'])} tok/s predicted")
+            for c in sel["candidates"])
+        lines.append(f"- grid for {sel['method']} at T={sel['temperature']:g}, "
+                     f"top_p={sel['top_p']:g}: {cells} -> {sel['chosen']}")
+    lines += ["", "## Acceptance vectors used", ""]
+    for v in doc["vectors"]:
+        head = ", ".join(f"{x:.3f}" for x in v["p"][:6])
+        lines.append(f"- T={v['temperature']}, top_p={v['top_p']}, {v['method']}: "
+                     f"p = [{head}{', ...' if len(v['p']) > 6 else ''}] ({v['source']})")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    if doc.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{k}]({name})" for k, name in doc["plots"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# --- summary ------------------------------------------------------------------------------
+
+def summarize(report: dict) -> list[dict]:
+    """One row per method x setting, computed from the per-prompt records."""
+    rows = []
+    for setting in report["settings"]:
+        here = [r for r in report["records"] if r["temperature"] == setting.temperature
+                and r["top_p"] == setting.top_p]
+        by_method = {}
+        for r in here:
+            by_method.setdefault(r["method"], {})[r["prompt"]] = r
+        for spec in report["specs"][setting]:
+            rows.append(_row(spec, setting, by_method))
+    return rows
+
+
+def _row(spec, setting, by_method) -> dict:
+    mine = by_method[spec.method]
+    decode = sum(r["decode_seconds"] for r in mine.values())
+    matches = [r["greedy_matches_autoregressive"] for r in mine.values()
+               if r["greedy_matches_autoregressive"] is not None]
+    return {
+        "method": spec.method, "config": spec.config, "temperature": setting.temperature,
+        "top_p": setting.top_p, "prompts": len(mine),
+        "tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine.values()),
+        "speedup_vs_autoregressive": _median_ratio(mine, by_method.get("autoregressive")),
+        "speedup_vs_hf_generate": _median_ratio(mine, by_method.get("hf_generate")),
+        "tokens_per_step": (sum(r["new_tokens"] for r in mine.values())
+                            / max(1, sum(r["target_forwards"] for r in mine.values()))),
+        "predicted_tokens_per_step": spec.predicted,
+        "ms_per_token": 1000.0 * decode / max(1, sum(r["timed_tokens"] for r in mine.values())),
+        "time_split": _time_split(mine.values()),
+        "greedy_matches_autoregressive": all(matches) if matches else None,
+        "chosen_by": spec.chosen_by, "acceptance_vector": spec.vector,
+        "tree_parents": spec.tree.parents if spec.tree is not None else None,
+    }
+
+
+def _time_split(records) -> dict[str, float]:
+    """Shares of target / draft / other in the pooled decode time. For transformers runs
+    the parts come from hooks and an estimated prefill, so they are normalised by their sum
+    (which differs from the decode wall time by the estimate's error)."""
+    parts = {part: sum(r[f"{part}_seconds"] for r in records)
+             for part in ("target", "draft", "other")}
+    total = sum(parts.values())
+    return {part: value / total if total > 0 else 0.0 for part, value in parts.items()}
+
+
+def _median_ratio(mine: dict, base: dict | None) -> float | None:
+    """Median over prompts of tokens/s(method) / tokens/s(base) on the same prompt."""
+    if not base:
+        return None
+    ratios = [r["tokens_per_second"] / base[i]["tokens_per_second"] for i, r in mine.items()
+              if i in base and base[i]["tokens_per_second"] > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+# --- output -------------------------------------------------------------------------------
+
+def write_outputs(report: dict, out_dir=None, date: str | None = None) -> dict[str, Path]:
+    """Write <stem>.json, <stem>.raw.json, <stem>.md and the plots; return their paths."""
+    config = report["config"]
+    out = Path(out_dir or config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = config.stem or \
+        f"{config.machine or machine_name()}-{date or datetime.date.today().isoformat()}"
+    summary = summarize(report)
+    document = _document(report, summary, stem)
+    paths = {"summary": out / f"{stem}.json", "raw": out / f"{stem}.raw.json",
+             "markdown": out / f"{stem}.md"}
+    atomic_write(paths["raw"], json.dumps({"format": 1, "kind": "bench-raw",
+                                            "records": report["records"]}, indent=1))
+    atomic_write(paths["summary"], json.dumps(document, indent=1, default=_json_default))
+    if config.plots:
+        paths.update(save_plots(document, out, stem))
+    document["plots"] = {k: v.name for k, v in paths.items() if k.startswith("plot")}
+    atomic_write(paths["summary"], json.dumps(document, indent=1, default=_json_default))
+    atomic_write(paths["markdown"], markdown(document))
+    return paths
+
+
+def _document(report, summary, stem) -> dict:
+    config, inputs, pair = report["config"], report["inputs"], report["pair"]
+    vectors = [{"temperature": a.temperature, "top_p": a.top_p,
+                "method": a.extra.get("method", "sequoia"), "steps": a.steps,
+                "source": source, "p": [float(x) for x in a.p]} for a, source in inputs.vectors]
+    return {
+        "format": 1, "kind": "bench", "stem": stem, "machine": config.machine or machine_name(),
+        "date": datetime.date.today().isoformat(), "command": config.command,
+        "models": pair.name, "elapsed_seconds": report["elapsed_seconds"],
+        "config": {k: v for k, v in asdict(config).items() if k not in ("notes",)},
+        "reductions": config.reductions(),
+        "notes": _notes(config) + list(config.notes) + inputs.notes,
+        "profile": inputs.profile_source, "vectors": vectors,
+        "selections": report["selections"], "raw": f"{stem}.raw.json",
+        "load_average_1min": _load_summary(report.get("load_averages", [])),
+        "summary": summary,
+    }
+
+
+def _load_summary(samples) -> dict:
+    """The machine's 1-minute load average during the run (other work skews timings)."""
+    return {"cores": cpu_cores(), "samples": [round(x, 2) for x in samples],
+            "start": samples[0] if samples else None, "max": max(samples) if samples else None}
+
+
+def _notes(config) -> list[str]:
+    notes = ["prefill excluded everywhere: redwood methods time it separately; for "
+             "transformers generate it is estimated by a 1-token generate of the target on the "
+             "same prompt (plus a 1-token generate of the draft for assisted generation), "
+             "subtracted from the wall time, and the first token is not counted",
+             "greedy (T = 0) ignores top_p, so T = 0 runs once, at the largest top_p",
+             "EOS ignored by every method: redwood with stop_on_eos=False, transformers "
+             "with no EOS ids in its generation config (it neither stops at EOS nor "
+             "suppresses it, so greedy outputs stay comparable token for token; "
+             "min_new_tokens would suppress EOS and change the distribution)",
+             "speedups are medians over prompts of per-prompt ratios; tokens/step is pooled "
+             "(all tokens / all target forwards)",
+             "predicted tokens/step: the tree's expected length under the acceptance vector "
+             "(positional model); for hf_assisted_constant the chain of k + 1 nodes"]
+    if any(m in config.methods for m in HF_METHODS):
+        notes.append("transformers time split from forward hooks on both models")
+    return notes
+
+
+def _json_default(value):
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")

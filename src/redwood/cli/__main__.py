@@ -1,0 +1,5 @@
+import sys
+
+from redwood.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,270 @@
+"""`redwood` command line: a thin layer over the library API.
+
+Each verb has an `_add_<verb>(subparsers)` that declares its arguments and a
+`_cmd_<verb>(args)` that runs it. User errors raise RedwoodError (or ValueError
+from validation) and are printed as one line with exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from redwood.cli.options import _add_model_args, _model_config
+from redwood.errors import RedwoodError
+
+
+# --- plan / export (planner issue) -------------------------------------------------
+
+def _add_plan(sub):
+    p = sub.add_parser("plan", help="plan a DP-optimal draft tree",
+                       description="Plan the Sequoia DP-optimal draft tree for an acceptance "
+                       "vector; with a latency profile, also choose its size for this hardware.")
+    p.add_argument("--acceptance", required=True, metavar="A.json",
+                   help="acceptance vector JSON ('sample' = the shipped sample)")
+    p.add_argument("--budget", required=True, type=int, metavar="N",
+                   help="tree nodes incl. the root (with --profile: the largest budget to consider)")
+    p.add_argument("--max-depth", required=True, type=int, metavar="D",
+                   help="most levels, the root being level 1")
+    p.add_argument("--profile", metavar="P.json",
+                   help="latency profile JSON ('sample' = the shipped sample): choose (n, d) "
+                   "for the most tokens per second over the measured budgets")
+    p.add_argument("--out", metavar="tree.json", help="write the tree JSON here")
+    p.add_argument("--plot", metavar="F.png", help="write a picture of the tree and the plan")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args):
+    from redwood.plan import formats
+    from redwood.plan import planner
+    from redwood.plan import render
+
+    def resolve(path, sample):
+        return sample() if path == "sample" else path
+
+    acceptance = formats.Acceptance.load(resolve(args.acceptance, formats.sample_acceptance_path))
+    p, choice = acceptance.p, None
+    if args.profile:
+        profile = formats.Profile.load(resolve(args.profile, formats.sample_profile_path))
+        choice = planner.choose_tree(acceptance, profile, args.budget, args.max_depth)
+        tree, table = choice.tree, choice.table
+    else:
+        table = planner.dp_table(acceptance, args.budget, args.max_depth)
+        tree = table.tree(table.budget, table.max_depth)
+    tree.source.update({"acceptance": str(args.acceptance), "profile": args.profile})
+    print(tree.render(p))
+    print(render.describe_tree(tree, p))
+    if choice is not None:
+        print()
+        print(render.format_candidates(choice))
+    try:
+        if args.out:
+            tree.save(args.out, p)
+            print(f"wrote {args.out}")
+        if args.plot:
+            render.save_plan_figure(args.plot, tree, table, p=p, choice=choice)
+            print(f"wrote {args.plot}")
+    except OSError as exc:
+        raise RedwoodError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    return 0
+
+
+def _add_export(sub):
+    p = sub.add_parser("export", help="export a tree for other serving engines",
+                       description="Print a tree JSON as a vLLM speculative_token_tree "
+                       "(list of tuples of 0-based ranks), Medusa choices, or tree JSON.")
+    p.add_argument("tree", metavar="tree.json", help="tree JSON written by `redwood plan`")
+    p.add_argument("--format", choices=["vllm", "medusa", "json"], default="vllm")
+    p.add_argument("--max-depth", type=int, metavar="D",
+                   help="reject trees with more levels than this (root = level 1)")
+    p.add_argument("--out", metavar="FILE", help="write here instead of printing")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args):
+    import json
+
+    from redwood.plan.tree import Tree
+
+    tree = Tree.load(args.tree, max_depth=args.max_depth)
+    if args.format == "vllm":
+        text = str(tree.to_vllm())
+    elif args.format == "medusa":
+        text = json.dumps(tree.to_medusa())
+    else:
+        text = json.dumps(tree.to_dict(), indent=1)
+    if not args.out:
+        print(text)
+        return 0
+    try:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        raise RedwoodError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    return 0
+
+
+# --- generate / demo (engine issue) --------------------------------------------------
+
+def _add_sampling_args(p, max_new_tokens=128):
+    p.add_argument("--method", default="sequoia",
+                   choices=["sequoia", "specinfer", "chain", "autoregressive"])
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _sampling_params(args):
+    """The sampling options as SamplingParams, which checks them (before minutes of model
+    loading); --method is checked by argparse."""
+    from redwood.decode.params import SamplingParams
+
+    return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def _add_generate(sub):
+    p = sub.add_parser("generate", help="generate text with tree speculative decoding",
+                       description="Stream a completion of PROMPT, then print speed and acceptance.")
+    p.add_argument("prompt", help="the text to continue (or the user message with --chat)")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args):
+    import json
+
+    from redwood.cli.textgen import load_engine, stats_lines, stream_text
+
+    params = _sampling_params(args)
+    if not args.prompt.strip():         # encode_prompt says so too, but only after loading
+        raise RedwoodError("the prompt is empty: give some text to continue")
+    engine, tokenizer = load_engine(_model_config(args), temperature=params.temperature)
+    on_text = None if args.json else (lambda piece: print(piece, end="", flush=True))
+    result, text = stream_text(engine, tokenizer, args.prompt, params, chat=args.chat,
+                               on_text=on_text, method=args.method,
+                               stop_on_eos=not args.ignore_eos)
+    if args.json:
+        print(json.dumps({"text": text, **result.as_dict()}))
+    else:
+        print()
+        for line in stats_lines(result):
+            print(line, file=sys.stderr)
+
+
+def _add_demo(sub):
+    p = sub.add_parser("demo", help="complete a HumanEval prompt with sequoia and autoregressive",
+                       description="Load the shipped pair (building its cache on first use), "
+                       "complete one HumanEval prompt greedily with sequoia and with the target "
+                       "alone, show both and the measured speedup.")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--problem", type=int, default=0, help="index into the evaluation split")
+    _add_model_args(p)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args):
+    from redwood.cli.demo import run_demo
+
+    return run_demo(_model_config(args), args.max_new_tokens, args.problem)
+
+
+# --- serve (server issue) ------------------------------------------------------------
+
+def _add_serve(sub):
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                       description="Serve /v1/completions, /v1/chat/completions, /v1/models, "
+                       "/health and /metrics (Prometheus) with tree speculative decoding.")
+    _add_model_args(p)
+    p.add_argument("--method", default="sequoia",
+                   choices=["sequoia", "specinfer", "chain", "autoregressive"])
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $REDWOOD_API_KEY if set)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait for the engine; more get HTTP 429 (default 16)")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="max_tokens for requests that give none (default 256)")
+    p.add_argument("--served-name", default=None,
+                   help="model id shown in /v1/models and responses (default: the model's name)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args):
+    import functools
+    import os
+    from pathlib import Path
+
+    from redwood.measure.bundles import find_bundle
+    from redwood.models.shipped import DEFAULT_PAIR
+
+    if args.model is not None and (args.target or args.draft):
+        raise RedwoodError("give either --model or --target/--draft, not both")
+    if not 0 <= args.port < 65536:
+        raise RedwoodError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    pair = None if args.target else (args.model or DEFAULT_PAIR)
+    # A tuned bundle (--tree auto or a bundle dir) gives each request the tree tuned for the
+    # temperature nearest its own.
+    bundle = find_bundle(args.tree, pair) if args.tree else None
+    if args.tree and bundle is None and not Path(args.tree).is_file():
+        raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "
+                           "a bundle directory (`redwood tune`) or 'auto'")
+    from redwood.serve.app import ServerConfig, create_app, run_server
+    from redwood.cli.textgen import load_engine
+
+    config = ServerConfig(
+        model_name=args.served_name or args.model or (Path(args.target).name if args.target
+                                                      else DEFAULT_PAIR),
+        method=args.method, max_queue=args.max_queue, default_max_tokens=args.max_tokens,
+        api_key=args.api_key or os.environ.get("REDWOOD_API_KEY") or None,
+        host=args.host, port=args.port,
+        drafting_for_temperature=functools.lru_cache(maxsize=None)(functools.partial(
+            bundle.drafting, draft_confidence=args.draft_confidence)) if bundle else None)
+    engine, tokenizer = load_engine(_model_config(args))
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
+              "port can use the model", file=sys.stderr)
+    trees = f"bundle {bundle.directory}" if bundle else f"tree of {len(engine.tree)} nodes"
+    print(f"redwood serve: {config.model_name} ({args.method}, {trees}) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    run_server(create_app(engine, tokenizer, config), config)
+
+
+# -------------------------------------------------------------------------------------
+
+def _verbs():
+    from redwood.cli.measure import _add_bench, _add_calibrate, _add_profile, _add_tune
+
+    return [_add_plan, _add_export, _add_generate, _add_demo, _add_serve, _add_profile,
+            _add_calibrate, _add_tune, _add_bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="redwood", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    for add in _verbs():
+        add(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (RedwoodError, ValueError, FileNotFoundError) as exc:
+        print(f"redwood {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""`redwood profile`, `calibrate`, `tune` and `bench`: the measuring verbs of the CLI.
+
+Same conventions as cli.py: `_add_<verb>` declares arguments, `_cmd_<verb>` runs the
+library function; user errors raise RedwoodError.
+"""
+from __future__ import annotations
+
+from redwood.cli.options import _add_model_args, _model_config
+from redwood.errors import RedwoodError
+
+
+# --- profile / calibrate / tune (tuning issue) -----------------------------------------
+
+def _add_quick(p):
+    p.add_argument("--quick", action="store_true",
+                   help="tiny random models built in-process instead of real ones: runs in "
+                   "seconds (for CI and trying the pipeline)")
+
+
+def _no_tree(args):
+    if args.tree is not None:
+        raise RedwoodError(f"--tree does not apply to `redwood {args.verb}` (it measures the "
+                           "models; `redwood tune` makes trees)")
+
+
+def _writable_file(path, flag):
+    """Fail before loading models if an output file cannot be created."""
+    from pathlib import Path
+
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise RedwoodError(f"{flag} {path}: directory {parent} does not exist")
+    if Path(path).is_dir():
+        raise RedwoodError(f"{flag} {path} is a directory; give a file name")
+
+
+def _save(write, path, flag):
+    try:
+        write(path)
+    except OSError as exc:
+        raise RedwoodError(f"cannot write {flag} {path}: {exc.strerror}") from None
+    print(f"wrote {path}")
+
+
+def _add_profile(sub):
+    p = sub.add_parser("profile", help="measure forward latency for the planner",
+                       description="Time one target forward over a tree of n tokens for every "
+                       "n the planner may choose (1..32, then 48, 64, 96, 128 up to "
+                       "--max-budget) and one draft forward per level width, over a cache of "
+                       "--context tokens; medians. Writes a profile JSON for `redwood plan`.")
+    _add_model_args(p)
+    p.add_argument("--context", type=int, default=256, help="cached tokens (default 256)")
+    p.add_argument("--max-budget", type=int, default=128, help="largest tree size (default 128)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
+    p.add_argument("--out", required=True, metavar="P.json", help="write the profile here")
+    p.add_argument("--plot", metavar="F.png", help="also draw t(n) for both models")
+    _add_quick(p)
+    p.set_defaults(func=_cmd_profile)
+
+
+def _cmd_profile(args):
+    from redwood.measure.profile import default_sizes, profile_latency
+    from redwood.measure.tune import load_models
+
+    _no_tree(args)
+    sizes = default_sizes(args.max_budget)
+    _writable_file(args.out, "--out")
+    if args.plot:
+        _writable_file(args.plot, "--plot")
+    pair = load_models(_model_config(args), quick=args.quick)
+    profile = profile_latency(pair.target, pair.draft, context=args.context, budgets=sizes,
+                              repeats=args.repeats, warmup=args.warmup)
+    profile.extra["source"].update({"target": pair.labels["target"], "draft": pair.labels["draft"],
+                                    "draft_quantize": pair.draft_quantize})
+    print(f"{profile.device}; target {profile.dtype}, draft {profile.extra['draft_dtype']}; "
+          f"context {profile.context}")
+    print("    n  target ms  draft ms")
+    for n in sizes:
+        print(f"{n:>5} {profile.target_ms[n]:>10.1f} {profile.draft_ms[n]:>9.1f}")
+    _save(profile.save, args.out, "--out")
+    if args.plot:
+        from redwood.measure.tune_plots import save_profile_figure
+
+        _save(lambda path: save_profile_figure(path, profile, title=profile.device),
+              args.plot, "--plot")
+    return 0
+
+
+def _add_calibration_args(p, num_prompts):
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--method", default="sequoia", choices=["sequoia", "specinfer"],
+                   help="how the star's children are drawn: without (sequoia) or with "
+                   "(specinfer) replacement")
+    p.add_argument("--width", type=int, default=None,
+                   help="children of the star = length of p (default 16; --quick 8)")
+    p.add_argument("--prompts", default="humaneval", metavar="humaneval|FILE.jsonl",
+                   help="the HumanEval calibration split (default) or a JSONL file of "
+                   '{"prompt": ...} lines')
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help=f"use the first N prompts (default {num_prompts})")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens generated per prompt (default 64; --quick 24)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
+def _prompt_source_check(args):
+    """A malformed prompt file fails before minutes of model loading."""
+    if args.prompts != "humaneval":
+        from redwood.prompts import read_prompt_file
+
+        read_prompt_file(args.prompts)
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise RedwoodError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+
+
+def _add_calibrate(sub):
+    p = sub.add_parser("calibrate", help="measure the acceptance vector on-policy",
+                       description="Decode the calibration prompts proposing a star of --width "
+                       "children per step under the method's sampling rule, verify it with the "
+                       "real verification, and count which rank was accepted. Writes an "
+                       "acceptance JSON (p, the counts behind it, the steps).")
+    _add_model_args(p)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    _add_calibration_args(p, num_prompts=16)
+    p.add_argument("--out", required=True, metavar="A.json", help="write the vector here")
+    p.add_argument("--plot", metavar="F.png", help="also draw the vector")
+    _add_quick(p)
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _cmd_calibrate(args):
+    from redwood.measure.calibrate import calibrate
+    from redwood.decode.engine import check_sampling
+    from redwood.measure.tune import QUICK_SETTINGS, load_models, prompts_for
+
+    _no_tree(args)
+    width = _given(args.width, QUICK_SETTINGS["width"] if args.quick else 16)
+    max_new = _given(args.max_new_tokens, QUICK_SETTINGS["max_new_tokens"] if args.quick else 64)
+    if isinstance(width, bool) or width < 1:
+        raise RedwoodError(f"--width must be >= 1, got {width}")
+    check_sampling(max_new, args.temperature, args.top_p, args.top_k)
+    _prompt_source_check(args)
+    _writable_file(args.out, "--out")
+    if args.plot:
+        _writable_file(args.plot, "--plot")
+    pair = load_models(_model_config(args), quick=args.quick)
+    prompts, dataset = prompts_for(pair, args.prompts, args.num_prompts or (None if args.quick else 16),
+                                   quick=args.quick)
+    acceptance = calibrate(pair.target, pair.draft, prompts, args.temperature, top_p=args.top_p,
+                           top_k=args.top_k, method=args.method, width=width,
+                           max_new_tokens=max_new, seed=args.seed, dataset=dataset,
+                           target_name=pair.labels["target"], draft_name=pair.labels["draft"])
+    acceptance.extra["draft_quantize"] = pair.draft_quantize
+    print(f"{acceptance.steps} steps, {acceptance.extra['tokens']} tokens, "
+          f"{acceptance.extra['seconds']:.1f} s; T = {args.temperature:g}, method {args.method}")
+    print("p = [" + ", ".join(f"{x:.4f}" for x in acceptance.p) + "]")
+    print(f"sum(p) = {acceptance.p.sum():.4f} (a draft token accepted); "
+          f"no child accepted in {acceptance.extra['rejected']} steps")
+    _save(acceptance.save, args.out, "--out")
+    if args.plot:
+        from redwood.measure.tune_plots import save_acceptance_figure
+
+        _save(lambda path: save_acceptance_figure(path, {f"T = {args.temperature:g}": acceptance}),
+              args.plot, "--plot")
+    return 0
+
+
+def _add_tune(sub):
+    p = sub.add_parser("tune", help="profile + calibrate + plan: a tuned bundle for --tree auto",
+                       description="Profile this machine, calibrate the acceptance vector at "
+                       "each temperature, choose the fastest tree for each, and write a bundle "
+                       "directory (profile, vectors, trees, summary.md, plots) that "
+                       "`generate --tree DIR` or `--tree auto` (with REDWOOD_BUNDLE=DIR) uses.")
+    _add_model_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
+    p.add_argument("--temperatures", default="0,0.6,1.0", help="comma-separated (default 0,0.6,1.0)")
+    _add_calibration_args(p, num_prompts=8)
+    p.add_argument("--max-budget", type=int, default=None,
+                   help="largest tree (nodes incl. root) to profile and plan (default 32)")
+    p.add_argument("--max-depth", type=int, default=None, help="most levels (default 16)")
+    p.add_argument("--context", type=int, default=None, help="profile cache length (default 256)")
+    p.add_argument("--repeats", type=int, default=None, help="profile rounds (default 5)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed profile rounds (default 2)")
+    p.add_argument("--compare-int8-draft", action="store_true",
+                   help="also tune an int8 copy of the draft; the bundle keeps the variant the "
+                   "planner predicts faster")
+    _add_quick(p)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _tune_settings(args):
+    from redwood.measure.tune import QUICK_SETTINGS, TuneSettings
+
+    try:
+        temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    except ValueError:
+        raise RedwoodError(f"--temperatures must be comma-separated numbers, got "
+                           f"{args.temperatures!r}") from None
+    base = TuneSettings(**QUICK_SETTINGS) if args.quick else TuneSettings()
+    given = {name: getattr(args, name) for name in ("width", "max_budget", "max_depth", "context",
+                                                    "repeats", "warmup", "max_new_tokens")
+             if getattr(args, name) is not None}
+    settings = TuneSettings(**{**vars(base), **given, "temperatures": temperatures,
+                               "top_p": args.top_p, "top_k": args.top_k, "method": args.method,
+                               "seed": args.seed, "draft_confidence": args.draft_confidence})
+    settings.check()
+    return settings
+
+
+def _command_line(args) -> str:
+    """The command as run, rebuilt from the parsed arguments (defaults left out)."""
+    import shlex
+
+    parts = ["redwood", args.verb]
+    for key, value in vars(args).items():
+        if key in ("func", "verb") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts += [flag] if value is True else [flag, shlex.quote(str(value))]
+    return " ".join(parts)
+
+
+def _cmd_tune(args):
+    from pathlib import Path
+
+    _no_tree(args)
+    from redwood.measure.tune import check_out_dir, int8_copy, load_models, prompts_for, tune
+
+    settings = _tune_settings(args)
+    _prompt_source_check(args)
+    if args.compare_int8_draft and args.draft_quantize:
+        raise RedwoodError("--compare-int8-draft tunes the float draft and an int8 copy; "
+                           "drop --draft-quantize")
+    check_out_dir(Path(args.out))
+    pair = load_models(_model_config(args), quick=args.quick)
+    prompts, dataset = prompts_for(pair, args.prompts, args.num_prompts or (None if args.quick else 8),
+                                   quick=args.quick)
+    others = {"int8": int8_copy(pair.draft)} if args.compare_int8_draft else None
+    result = tune(pair.target, pair.draft, args.out, prompts, settings,
+                  draft_quantize=pair.draft_quantize, other_drafts=others, labels=pair.labels,
+                  dataset=dataset, command=_command_line(args))
+    chosen = result.chosen
+    if len(result.variants) > 1:
+        for v in result.variants:
+            print(f"draft {v.name}: mean predicted speedup {v.mean_speedup:.3f}x"
+                  + ("  (chosen)" if v is chosen else ""))
+    for temperature, c in chosen.choices.items():
+        print(f"T = {temperature:g}: n = {c.budget}, d = {c.depth}, levels {c.tree.level_sizes}, "
+              f"{c.tokens_per_step:.3f} tokens/step, predicted speedup {c.speedup:.3f}x")
+    print(f"wrote {result.directory} in {result.seconds:.0f} s "
+          f"(use: redwood generate --tree {result.directory} ...)")
+    return 0
+
+
+# --- bench (tuning issue: benchmarks) ------------------------------------------------
+
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="benchmark redwood against transformers baselines",
+                       description="Run autoregressive, transformers generate and assisted "
+                       "generation, chain, specinfer and sequoia on the HumanEval evaluation "
+                       "split (EOS ignored, prefill excluded, methods interleaved per prompt); "
+                       "write a summary JSON, raw per-prompt JSON, a markdown table and plots "
+                       "under --out-dir. --scaling measures tokens per step against tree size.")
+    _add_model_args(p)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny random models built in-process: the whole pipeline in seconds")
+    p.add_argument("--scaling", action="store_true",
+                   help="tokens per target forward vs tree budget 1, 2, 4, ... --max-budget")
+    p.add_argument("--prompts", type=int, default=None, help="evaluation prompts (default 20)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--temperatures", type=float, nargs="+", default=None,
+                   help="default 0 0.6 1.0")
+    p.add_argument("--top-p", type=float, nargs="+", default=None, dest="top_ps",
+                   help="default 1.0 0.9")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="subset of autoregressive hf_generate hf_assisted_default "
+                   "hf_assisted_constant chain specinfer sequoia (default: all)")
+    p.add_argument("--hf-constant-grid", type=int, nargs="+", default=None, metavar="K",
+                   help="constant num_assistant_tokens to try (default 2 3 4 6 8)")
+    p.add_argument("--specinfer-grid", default=None, metavar="KxD,...",
+                   help="specinfer trees to try (default 2x1,2x2,2x3,3x1,3x2,4x2)")
+    p.add_argument("--select-prompts", type=int, default=None,
+                   help="calibration-split prompts that pick the grid entries (default 1; "
+                   "0 = the planner's objective)")
+    p.add_argument("--select-tokens", type=int, default=None, help="tokens per selection run")
+    p.add_argument("--acceptance", nargs="+", default=[], metavar="A.json",
+                   help="acceptance vectors (default: the tuned bundle's)")
+    p.add_argument("--profile", default=None, metavar="P.json",
+                   help="latency profile for planning (default: the tuned bundle's)")
+    p.add_argument("--max-budget", type=int, default=None,
+                   help="largest tree when planning, and the --scaling range (default 32)")
+    p.add_argument("--max-depth", type=int, default=None, help="most tree levels (default 12)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="benchmarks/results")
+    p.add_argument("--machine", default=None, help="name in the output files (default cpu-<N>core)")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _bench_command(args) -> str:
+    """The command line that reproduces this run (every option that was set)."""
+    import shlex
+
+    parts = ["redwood", "bench"]
+    for key, value in vars(args).items():
+        if key in ("func", "verb") or value is None or value is False or value == []:
+            continue
+        parts.append("--" + {"top_ps": "top_p"}.get(key, key).replace("_", "-"))
+        if value is not True:
+            parts += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return shlex.join(parts)
+
+
+def _cmd_bench(args):
+    from redwood.bench.config import config_from_options
+    from redwood.bench.run import run_command
+
+    options = {key: getattr(args, key) for key in (
+        "prompts", "max_new_tokens", "temperatures", "top_ps", "methods", "hf_constant_grid",
+        "specinfer_grid", "select_prompts", "select_tokens", "max_budget", "max_depth", "seed",
+        "out_dir", "machine")}
+    config = config_from_options(args.quick, plots=not args.no_plots,
+                                 command=_bench_command(args), **options)
+    return run_command(config, _model_config(args), args.acceptance, args.profile, args.scaling)
+
+

@@ -1,0 +1,29 @@
+"""Command-line options shared by several verbs (model selection)."""
+from __future__ import annotations
+
+
+def _add_model_args(p):
+    p.add_argument("--model", default=None, help="shipped model pair (default: qwen2.5-coder)")
+    p.add_argument("--target", default=None, help="target model: HF directory or .gguf file")
+    p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
+    p.add_argument("--tree", default=None,
+                   help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+    p.add_argument("--draft-confidence", type=float, default=None, metavar="C",
+                   help="adaptive trees: a node gets draft children only while the draft gave "
+                   "every token on its path probability >= C (0 = draft the whole tree; default: "
+                   "the tuned bundle's value with --tree auto, else 0). Output stays exact")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft-quantize", default=None, choices=["int8"],
+                   help="dynamic int8 draft on CPU: faster drafts, output stays exact")
+    p.add_argument("--fast-linear", action="store_true",
+                   help="CPU float32: oneDNN matmuls for 4-64 rows (up to 2x faster tree forwards)")
+
+
+def _model_config(args):
+    from redwood.cli.textgen import ModelConfig
+
+    return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
+                       dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
+                       fast_linear=getattr(args, "fast_linear", False),
+                       draft_confidence=args.draft_confidence)

@@ -1,0 +1,105 @@
+"""Text in, text out: load a pair, encode a prompt, stream decoded text, report stats.
+
+The CLI's `generate` and `demo` verbs are thin wrappers over these functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redwood.decode.engine import Engine
+from redwood.decode.params import SamplingParams, check_draft_confidence
+from redwood.decode.stats import GenerationResult
+from redwood.errors import RedwoodError
+from redwood.prompts import encode_prompt
+
+
+@dataclass
+class ModelConfig:
+    """Which models to load and how."""
+    model: str | None = None          # shipped pair name (default qwen2.5-coder)
+    target: str | None = None         # or explicit target + draft (HF dir or .gguf)
+    draft: str | None = None
+    tree: str | None = None           # tree JSON; None = the tree shipped for the default pair
+    dtype: str | None = None
+    device: str = "cpu"
+    draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
+    fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
+    draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
+
+
+def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
+    """(engine, tokenizer) for a model config; the tree is validated before the models load.
+
+    config.tree: None (the shipped default tree), a tree JSON, a tuned bundle directory or
+    "auto" (the bundle in $REDWOOD_BUNDLE, else the one shipped for the pair); from a bundle
+    the tree tuned for the temperature nearest `temperature` is used (its adaptive tree and
+    draft_confidence when the bundle has them, see Bundle.drafting), and its draft
+    quantisation and fast-linear setting too (the profile it was tuned on was measured so),
+    unless config.draft_quantize says otherwise.
+    """
+    from redwood.models.pair import load_pair
+    from redwood.measure.bundles import find_bundle, resolve_tree
+    from redwood.models.shipped import DEFAULT_PAIR
+
+    if config.model is not None and (config.target or config.draft):
+        raise RedwoodError("give either --model or --target/--draft, not both")
+    pair = None if config.target else (config.model or DEFAULT_PAIR)
+    tree, confidence = None, config.draft_confidence
+    draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
+    if config.tree is not None:
+        bundle = find_bundle(config.tree, pair)
+        if bundle is not None:
+            tree, confidence = bundle.drafting(temperature, config.draft_confidence)
+            draft_quantize = draft_quantize or bundle.draft_quantize
+            fast_linear = fast_linear or bundle.fast_linear
+        else:
+            tree = resolve_tree(config.tree, temperature, pair)
+    check_draft_confidence(confidence or 0.0)          # before minutes of model loading
+    target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
+                                         dtype=config.dtype, device=config.device,
+                                         draft_quantize=draft_quantize, progress=progress,
+                                         fast_linear=fast_linear)
+    return Engine(target, draft, tree, confidence or 0.0), tokenizer
+
+
+def stream_text(engine: Engine, tokenizer, prompt: str, params: SamplingParams,
+                chat: bool = False, on_text=None, method: str = "sequoia",
+                stop_on_eos: bool = True) -> tuple[GenerationResult, str]:
+    """Generate, calling on_text(piece) as text becomes final; returns (result, full text).
+
+    params.stop ends the text at the first stop string (the engine knows only tokens); the
+    result then holds the tokens generated up to that step."""
+    from redwood.decode.detokenize import IncrementalText
+
+    ids = encode_prompt(tokenizer, prompt, chat)
+    text = IncrementalText(tokenizer, list(params.stop))
+    stream = engine.stream(ids, params.max_new_tokens, temperature=params.temperature,
+                           top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+                           method=method, stop_on_eos=stop_on_eos)
+    try:
+        for new_tokens in stream:
+            piece = text.add(new_tokens)
+            if piece and on_text:
+                on_text(piece)
+            if text.stopped:
+                break
+    finally:
+        stream.close()      # a no-op once finished; ends the engine's stream after a stop string
+    rest = text.finish()
+    if rest and on_text:
+        on_text(rest)
+    return stream.result, text.text
+
+
+def stats_lines(result: GenerationResult) -> list[str]:
+    depth = ", ".join(f"{rate:.2f}" for rate in result.stats.acceptance_by_depth())
+    stats = result.stats
+    return [
+        f"{len(result.tokens)} tokens in {result.decode_seconds:.2f} s "
+        f"({result.tokens_per_second:.2f} tokens/s, prefill {result.prefill_seconds:.2f} s excluded)",
+        f"{result.tokens_per_step:.2f} tokens per target forward over {stats.target_forwards} forwards "
+        f"({result.method}" + (f"; {stats.draft_tokens_per_step:.2f} draft tokens checked per "
+                               "forward)" if stats.tree_nodes else ")"),
+        f"time: target {stats.target_seconds:.2f} s, draft {stats.draft_seconds:.2f} s, "
+        f"other {stats.other_seconds:.2f} s",
+    ] + ([f"acceptance by depth: {depth}"] if depth else [])

@@ -1,0 +1,1 @@
+"""Decoding: the generation loop (engine), drafters, verification rules, sampling, stats."""

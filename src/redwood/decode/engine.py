@@ -1,0 +1,304 @@
+"""The speculative decoding engine: draft a tree, verify it in one target forward,
+keep the accepted path, repeat.
+
+    engine = Engine(target, draft, tree)          # models (transformers) or Backends
+    result = engine.generate(input_ids, max_new_tokens=64, temperature=0.0)
+
+The loop talks only to a `Backend` (the target) and a `Drafter`. Cache invariant between
+steps: the target holds every token except the current root (the newest token); each step
+runs the root plus the tree's nodes as one tree (docs/design.md §1).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from redwood.decode.draft_model import DraftModelDrafter
+from redwood.decode.drafter import ChildChooser, Drafter
+from redwood.decode.layout import LayoutCache
+from redwood.decode.params import SamplingParams, check_draft_confidence, check_sampling  # noqa: F401
+from redwood.decode.stats import GenerationResult, StepStats
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree
+
+METHODS = ("autoregressive", "chain", "specinfer", "sequoia")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a request asks of the decoder besides sampling."""
+    method: str = "sequoia"
+    stop_on_eos: bool = True
+    tree: Tree | None = None
+    draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
+
+
+@dataclass
+class DecodeState:
+    """The live state of one generation (exposed on the Stream for inspection and tests)."""
+    target: object = None              # the target Backend
+    drafter: Drafter | None = None
+    prompt: torch.Tensor | None = None
+    tokens: list[int] | None = None    # new tokens so far
+    accepted: list[int] | None = None
+    stats: StepStats | None = None
+    prefill_seconds: float = 0.0
+    method: str = ""
+
+
+class Stream:
+    """Iterate to receive the new tokens of each step (list[int]); `result` is set at the end."""
+
+    def __init__(self, steps, state: DecodeState):
+        self._steps = steps
+        self.state = state
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        while True:
+            try:
+                yield next(self._steps)
+            except StopIteration as done:
+                if done.value is not None:       # None after close(): keep its partial result
+                    self.result = done.value
+                return
+
+    def close(self) -> None:
+        """Stop early (e.g. the client went away). `result` then holds what was generated
+        so far, with finish_reason "stopped"."""
+        self._steps.close()
+        state = self.state
+        if self.result is None and state.tokens is not None:
+            self.result = GenerationResult(list(state.tokens), list(state.accepted), state.stats,
+                                           state.prefill_seconds, state.method, "stopped")
+
+
+class Engine:
+    def __init__(self, target, draft, tree: Tree | str | None = None,
+                 draft_confidence: float = 0.0, drafter: Drafter | None = None):
+        """target, draft: transformers models or `Backend`s (redwood.backends). tree: the
+        default tree for requests; draft_confidence: their default pruning threshold (see
+        `stream`). Requests may override both. drafter: a `Drafter` to use instead of the
+        draft model (then `draft` may be None)."""
+        check_draft_confidence(draft_confidence)
+        self.draft_confidence = float(draft_confidence)
+        self.target, self.draft = target, draft
+        self.target_backend = as_backend(target)
+        self.draft_backend = as_backend(draft) if draft is not None else None
+        if self.draft_backend is not None:
+            check_same_vocab(self.target_backend, self.draft_backend)
+        self.tree = _as_tree(tree)
+        self.device = self.target_backend.device
+        self.eos_ids = set(self.target_backend.eos_ids)
+        limits = [b.max_positions for b in (self.target_backend, self.draft_backend)
+                  if b is not None and b.max_positions]
+        self.max_positions = min(limits) if limits else None
+        self.layouts = LayoutCache(self.device)
+        if drafter is None and self.draft_backend is None:
+            raise RedwoodError("give a draft model (or backend) or a drafter")
+        self.drafter = drafter or DraftModelDrafter(self.draft_backend, self._clock, self.layouts)
+        self._owner = None                 # the live stream: backends hold one sequence
+
+    # -- public API ---------------------------------------------------------------------
+    def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:
+        stream = self.stream(input_ids, max_new_tokens, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, input_ids, max_new_tokens: int | None = None, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+               method: str = "sequoia", stop_on_eos: bool = True, tree: Tree | None = None,
+               draft_confidence: float | None = None,
+               params: SamplingParams | None = None) -> Stream:
+        """Generate lazily. Sampling comes from `params` or from the keyword arguments;
+        `tree` overrides the engine's tree for this request only.
+
+        draft_confidence in [0, 1): 0 drafts the whole tree every step; above 0 a node gets
+        children only while the draft gave every token on its path a probability at or
+        above this value, so the tree adapts to how predictable the text is (output stays exact).
+        None = the engine's default. One stream runs at a time per engine: starting another
+        ends the previous one (its iteration then raises RedwoodError).
+        """
+        if params is None:
+            params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed)
+        elif max_new_tokens is not None and max_new_tokens != params.max_new_tokens:
+            raise RedwoodError("give max_new_tokens in params or as an argument, not both")
+        options = DecodeOptions(method, stop_on_eos, tree if tree is not None else self.tree,
+                                self.draft_confidence if draft_confidence is None else draft_confidence)
+        prompt = self._validate(input_ids, params, options)
+        state = DecodeState()
+        owner = object()
+        self._owner = owner
+        return Stream(self._run(prompt, params, options, state, owner), state)
+
+    # -- the loop -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _run(self, prompt, params: SamplingParams, options: DecodeOptions, state: DecodeState, owner):
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        layout = self.layouts(_method_tree(options.method, options.tree))
+        speculative = options.method != "autoregressive" and len(layout.tree) > 1
+        stats = StepStats(accepted_at_depth=[0] * (layout.tree.num_levels - 1 if speculative else 0))
+        target, prompt = self.target_backend, prompt.to(self.device)
+
+        # Prefill both models with every prompt token but the last, which becomes the
+        # first root: so even the first new token comes from a verified step.
+        start = self._clock()
+        target.reset()
+        target.append(prompt[:-1], rows=0)
+        drafter = self.drafter if speculative else None
+        if drafter is not None:
+            drafter.prefill(prompt[:-1])
+            chooser = ChildChooser.for_request(params, options.method, generator)
+        prefill_seconds = self._clock() - start
+
+        root, tokens, accepted, finish = int(prompt[-1]), [], [], None
+        state.target, state.drafter, state.prompt = target, drafter, prompt
+        state.tokens, state.accepted, state.stats = tokens, accepted, stats
+        state.prefill_seconds, state.method = prefill_seconds, options.method
+        while finish is None:
+            if self._owner is not owner:
+                raise RedwoodError("another generation started on this engine; a backend holds "
+                                   "one sequence at a time (use one engine per concurrent stream)")
+            step_start, forward_seconds = self._clock(), stats.target_seconds + stats.draft_seconds
+            if drafter is None:
+                new_tokens = self._autoregressive_step(root, params, generator, stats)
+            else:
+                new_tokens = self._speculative_step(root, layout, chooser, params, options,
+                                                    generator, stats)
+            new_tokens = new_tokens[: params.max_new_tokens - len(tokens)]
+            new_tokens, finish = self._cut_at_eos(tokens, new_tokens, params, options)
+            tokens += new_tokens
+            accepted.append(len(new_tokens))
+            stats.target_forwards += 1
+            step_forwards = stats.target_seconds + stats.draft_seconds - forward_seconds
+            stats.other_seconds += self._clock() - step_start - step_forwards
+            root = tokens[-1]
+            yield new_tokens
+        return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
+
+    def _autoregressive_step(self, root, params, generator, stats):
+        start = self._clock()
+        logits = self.target_backend.append([root], rows=1)
+        stats.target_seconds += self._clock() - start
+        return [self._sample_one(logits[0], params, generator)]
+
+    def _speculative_step(self, root, layout, chooser, params, options, generator, stats):
+        """Draft the tree, verify it in one target forward, keep the accepted path."""
+        from redwood.decode.sampling import process_logits
+        from redwood.decode.verify import verify_greedy, verify_tree
+
+        proposal = self.drafter.propose(root, layout, chooser, options.draft_confidence)
+        tree = proposal.layout.tree                              # pruned when draft_confidence > 0
+        stats.draft_seconds += proposal.draft_seconds
+        stats.draft_forwards += proposal.draft_forwards
+        stats.tree_nodes += len(tree) - 1
+
+        start = self._clock()
+        target = self.target_backend
+        logits = target.run_tree(tree, range(len(tree)), proposal.tokens,
+                                 target.cache_length())          # [n, V]
+        stats.target_seconds += self._clock() - start
+
+        if params.greedy:
+            path, bonus = verify_greedy(logits.argmax(dim=-1), proposal.tokens, tree)
+        else:
+            target_probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
+            path, bonus = verify_tree(target_probs, proposal.draft_probs, proposal.tokens, tree,
+                                      chooser.replacement, generator, proposal.point_mass)
+        target.keep_path(path)
+        self.drafter.commit(path, proposal.tokens)
+        for depth in range(1, len(path)):
+            stats.accepted_at_depth[depth - 1] += 1
+        return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _sample_one(self, logits, params, generator) -> int:
+        """Sample one token from the target's logits [V] (argmax when greedy)."""
+        if params.greedy:
+            return int(logits.argmax())
+        from redwood.decode.sampling import process_logits, sample_token
+
+        probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
+        return int(sample_token(probs, generator))
+
+    def _cut_at_eos(self, tokens, new_tokens, params, options):
+        for i, token in enumerate(new_tokens):
+            if options.stop_on_eos and token in self.eos_ids:
+                return new_tokens[: i + 1], "eos"
+        done = len(tokens) + len(new_tokens) >= params.max_new_tokens
+        return new_tokens, ("length" if done else None)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _validate(self, input_ids, params: SamplingParams, options: DecodeOptions) -> torch.Tensor:
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+            raise RedwoodError(f"input_ids must be a 1-D or [1, L] integer tensor, got shape "
+                               f"{tuple(ids.shape)} and dtype {ids.dtype}")
+        if ids.numel() == 0:
+            raise RedwoodError("the prompt is empty: give at least one token")
+        check_draft_confidence(options.draft_confidence)
+        if options.method not in METHODS:
+            raise RedwoodError(f"unknown method {options.method!r}; choose one of {', '.join(METHODS)}")
+        vocab = self.target_backend.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise RedwoodError(f"prompt token ids must lie in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
+        tree = options.tree
+        if not isinstance(tree, Tree):
+            raise RedwoodError(f"tree must be a redwood.Tree, got {type(tree).__name__}")
+        if options.method != "autoregressive":
+            for backend in (self.target_backend, self.draft_backend):
+                if backend is not None:
+                    backend.check_tree(_method_tree(options.method, tree))
+        needed = ids.numel() + params.max_new_tokens + tree.num_levels
+        if self.max_positions is not None and needed > self.max_positions:
+            raise RedwoodError(
+                f"prompt ({ids.numel()} tokens) + max_new_tokens ({params.max_new_tokens}) + tree "
+                f"depth ({tree.num_levels}) = {needed} exceeds the model context of "
+                f"{self.max_positions} positions; shorten the prompt or lower max_new_tokens")
+        return ids.long()
+
+
+def as_backend(model_or_backend):
+    """A Backend as is; a transformers model wrapped in the transformers backend."""
+    if hasattr(model_or_backend, "run_tree") and hasattr(model_or_backend, "keep_path"):
+        return model_or_backend
+    from redwood.backends.hf import HFBackend
+
+    return HFBackend(model_or_backend)
+
+
+def check_same_vocab(target, draft) -> int:
+    """The shared logits width of two backends; RedwoodError naming both if they differ.
+    Speculative decoding compares the two distributions token by token."""
+    if target.vocab_size != draft.vocab_size:
+        raise RedwoodError(
+            f"vocabularies differ: target {target.name} has {target.vocab_size} tokens, draft "
+            f"{draft.name} has {draft.vocab_size}; pick a draft that shares the target's tokenizer")
+    return target.vocab_size
+
+
+def _method_tree(method: str, tree: Tree) -> Tree:
+    """The tree a method runs (chain: one child per level, as deep as the tree)."""
+    if method == "chain":
+        return Tree(list(range(-1, tree.num_levels - 1)), {"kind": "chain"})
+    return tree
+
+
+def _as_tree(tree) -> Tree:
+    if tree is None:
+        from redwood.plan.tree import default_tree
+
+        return default_tree()
+    if isinstance(tree, Tree):
+        return tree
+    return Tree.load(tree)

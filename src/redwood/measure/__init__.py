@@ -1,0 +1,1 @@
+"""Measuring the machine and the pair: profile, calibrate, tune, bundles."""

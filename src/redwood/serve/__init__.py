@@ -1,0 +1,1 @@
+"""`redwood serve`: the OpenAI-compatible HTTP server."""

@@ -33,13 +33,13 @@ def shipped_pair():
 
 @pytest.fixture(scope="session")
 def shipped_tokenizer():
-    """The shipped pair's tokenizer alone (from the cached target dir; builds the cache on
-    first use, loads in about a second afterwards)."""
+    """The shipped pair's tokenizer alone: never builds the float cache (read from the GGUF
+    once, about 15 s, then loads in about a second)."""
     from redwood.models.hf_loading import load_tokenizer
-    from redwood.models.shipped import shipped_model_dir
+    from redwood.models.shipped import shipped_tokenizer_dir
 
     try:
-        return load_tokenizer(shipped_model_dir("target"))
+        return load_tokenizer(shipped_tokenizer_dir())
     except RedwoodError as err:
         _skip_if_not_installed(err)
 

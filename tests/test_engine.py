@@ -243,3 +243,30 @@ def test_an_int8_draft_is_accepted_and_stays_exact_in_greedy():
     prompt = torch.tensor([5, 6, 7])
     reference = engine.generate(prompt, 20, method="autoregressive", stop_on_eos=False)
     assert engine.generate(prompt, 20, stop_on_eos=False).tokens == reference.tokens
+
+
+def test_a_second_stream_ends_the_first_with_a_clear_error(pair):
+    """A backend holds one sequence: starting another stream on the same engine must not
+    silently corrupt the first one."""
+    target, draft = pair
+    engine = Engine(target, draft, Tree(TREES["chain5"]))
+    first = engine.stream(torch.tensor([3, 4, 5]), 30, stop_on_eos=False)
+    iterator = iter(first)
+    next(iterator)
+    second = engine.generate(torch.tensor([6, 7]), 10, stop_on_eos=False)
+    assert len(second.tokens) == 10
+    with pytest.raises(RedwoodError, match="another generation started"):
+        next(iterator)
+
+
+def test_engine_accepts_backends_and_sampling_params(pair):
+    from redwood.backends.hf import HFBackend
+    from redwood.decode.params import SamplingParams
+
+    target, draft = pair
+    by_models = Engine(target, draft, Tree(TREES["star4"]))
+    by_backends = Engine(HFBackend(target), HFBackend(draft), Tree(TREES["star4"]))
+    params = SamplingParams(max_new_tokens=20, temperature=0.7, seed=4)
+    a = by_models.generate(torch.tensor([3, 4, 5]), params=params, stop_on_eos=False)
+    b = by_backends.generate(torch.tensor([3, 4, 5]), 20, temperature=0.7, seed=4, stop_on_eos=False)
+    assert a.tokens == b.tokens and len(a.tokens) == 20

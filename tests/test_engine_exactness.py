@@ -10,6 +10,8 @@ from redwood.decode.sampling import process_logits
 from redwood.plan.tree import Tree
 from tiny import tiny_model
 
+pytestmark = pytest.mark.slow          # chi-square runs: ~1-2 min on 2 cores
+
 VOCAB = 8
 PROMPT = torch.tensor([3, 5, 2])
 # Width 3 at the root, then narrower: exercises siblings, depth and the residual rule.

@@ -223,3 +223,20 @@ def test_real_part_packages_are_complete():
         assert all(path.is_file() and expected for path, expected in parts)
         with open(parts[0][0], "rb") as first:
             assert first.read(4) == b"GGUF"
+
+
+@pytest.mark.real
+def test_tokenizer_dir_without_the_float_cache(tmp_path):
+    """Tokenizer-only users get the tokenizer from the assembled GGUF, no float cache built."""
+    from redwood.models.hf_loading import load_tokenizer
+
+    try:
+        directory = shipped.shipped_tokenizer_dir(cache_dir=tmp_path, progress=False)
+    except RedwoodError as err:
+        pytest.skip(f"shipped model pair unavailable: {err}")
+    assert directory == tmp_path / "qwen2.5-coder" / "tokenizer"
+    assert not (tmp_path / "qwen2.5-coder" / "target").exists()
+    assert (tmp_path / "qwen2.5-coder" / "gguf" / "target.gguf").is_file()
+    tokenizer = load_tokenizer(directory)
+    assert tokenizer.decode(tokenizer("def add(a, b):")["input_ids"]) == "def add(a, b):"
+    assert shipped.shipped_tokenizer_dir(cache_dir=tmp_path, progress=False) == directory

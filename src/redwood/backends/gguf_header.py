@@ -34,7 +34,8 @@ def read_gguf_metadata(path) -> dict:
             raise ValueError("bad magic")
         version, = struct.unpack_from("<I", data, 4)
         if version < 2 or version > 0xFFFF:
-            raise ValueError(f"GGUF version {version} is not supported (need 2 or 3, little-endian)")
+            raise ValueError(f"GGUF version {version} is not supported "
+                             "(need 2 or 3, little-endian)")
         _, kv_count = struct.unpack_from("<QQ", data, 8)
         offset, out = 24, {}
 

@@ -343,3 +343,37 @@ def shipped_gguf_pair(name: str = DEFAULT_PAIR, cache_dir=None, progress: bool =
     """(target.gguf, draft.gguf) of a shipped pair."""
     return (shipped_gguf("target", name, cache_dir, progress),
             shipped_gguf("draft", name, cache_dir, progress))
+
+
+def shipped_tokenizer_dir(name: str = DEFAULT_PAIR, cache_dir=None, progress: bool = True) -> Path:
+    """A directory holding the shipped pair's tokenizer files (the target's; the draft shares
+    them). Taken from the float cache when that is built, else read from the assembled GGUF
+    once (about 15 s) and saved, so tokenizer-only users never build the multi-GB float cache."""
+    pair_dir = cache_root(cache_dir) / name
+    float_dir = pair_dir / "target"
+    if float_dir.is_dir() and check_manifest(float_dir) is None:
+        return float_dir
+    final = pair_dir / "tokenizer"
+    if (final / "tokenizer_config.json").is_file():
+        return final
+    gguf = shipped_gguf("target", name, cache_dir, progress)
+    with _build_lock(pair_dir):
+        if (final / "tokenizer_config.json").is_file():
+            return final
+        from transformers import AutoTokenizer
+
+        from redwood.models.hf_loading import hub_offline
+
+        hub_offline()
+        tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=pair_dir))
+        try:
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                          local_files_only=True).save_pretrained(str(tmp))
+            _make_public(tmp)
+            if final.exists():
+                shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final

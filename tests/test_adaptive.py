@@ -61,3 +61,21 @@ def test_a_given_threshold_replaces_the_estimate():
     assert given.estimated_confidence == estimated.estimated_confidence == estimated.draft_confidence
     assert given.tree == estimated.tree
     assert (estimated.threshold_from, given.threshold_from) == ("estimate", "given")
+
+
+def test_no_speculation_when_the_planner_declines():
+    """A costly draft on a steep t(n): the static choice is budget 1 and the adaptive plan
+    must not speculate either; the tree says what it was chosen over."""
+    from redwood.plan.adaptive import plan_adaptive
+    from redwood.plan.formats import Profile
+    from redwood.plan.planner import choose_tree
+
+    profile = Profile(target_ms={1: 33.0, 2: 49.0, 4: 82.0, 8: 132.0},
+                      draft_ms={1: 17.0, 2: 40.0, 4: 55.0, 8: 73.0})
+    p = [0.6, 0.1, 0.05]
+    static = choose_tree(p, profile, 8, 6)
+    assert static.budget == 1 and len(static.tree) == 1
+    rejected = static.tree.source["best_rejected"]
+    assert rejected["budget"] > 1 and rejected["predicted_speedup"] < 1.0
+    plan = plan_adaptive(p, profile, static, 8, 6)
+    assert len(plan.tree) == 1

@@ -16,6 +16,8 @@ from redwood.plan.tree import Tree
 
 
 class HFBackend:
+    kind = "hf"
+
     def __init__(self, model):
         self.model = model.eval()
         self.device = model.device

@@ -203,6 +203,7 @@ def _cmd_serve(args):
     from pathlib import Path
 
     from redwood.measure.bundles import find_bundle
+    from redwood.models.runtime import choose_backend
     from redwood.models.shipped import DEFAULT_PAIR
 
     if args.model is not None and (args.target or args.draft):
@@ -212,7 +213,8 @@ def _cmd_serve(args):
     pair = None if args.target else (args.model or DEFAULT_PAIR)
     # A tuned bundle (--tree auto or a bundle dir) gives each request the tree tuned for the
     # temperature nearest its own.
-    bundle = find_bundle(args.tree, pair) if args.tree else None
+    backend = choose_backend(args.backend, args.target, args.draft, args.device)
+    bundle = find_bundle(args.tree, pair, backend) if args.tree else None
     if args.tree and bundle is None and not Path(args.tree).is_file():
         raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "
                            "a bundle directory (`redwood tune`) or 'auto'")
@@ -232,7 +234,7 @@ def _cmd_serve(args):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)
     trees = f"bundle {bundle.directory}" if bundle else f"tree of {len(engine.tree)} nodes"
-    print(f"redwood serve: {config.model_name} ({args.method}, {trees}) "
+    print(f"redwood serve: {config.model_name} ({args.method}, {trees}, {backend} backend) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run_server(create_app(engine, tokenizer, config), config)
 

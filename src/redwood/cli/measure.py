@@ -241,6 +241,8 @@ def _cmd_tune(args):
     pair = load_models(_model_config(args), quick=args.quick)
     prompts, dataset = prompts_for(pair, args.prompts, args.num_prompts or (None if args.quick else 8),
                                    quick=args.quick)
+    if args.compare_int8_draft and pair.backend != "hf":
+        raise RedwoodError("--compare-int8-draft applies to the transformers backend (--backend hf)")
     others = {"int8": int8_copy(pair.draft)} if args.compare_int8_draft else None
     result = tune(pair.target, pair.draft, args.out, prompts, settings,
                   draft_quantize=pair.draft_quantize, other_drafts=others, labels=pair.labels,

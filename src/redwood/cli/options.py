@@ -6,6 +6,9 @@ def _add_model_args(p):
     p.add_argument("--model", default=None, help="shipped model pair (default: qwen2.5-coder)")
     p.add_argument("--target", default=None, help="target model: HF directory or .gguf file")
     p.add_argument("--draft", default=None, help="draft model: HF directory or .gguf file")
+    p.add_argument("--backend", default="auto", choices=["auto", "llamacpp", "hf"],
+                   help="model runtime: llama.cpp (GGUF files; the default for the shipped pair "
+                   "and .gguf models on CPU) or transformers (HF directories, CUDA)")
     p.add_argument("--tree", default=None,
                    help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="C",
@@ -26,4 +29,4 @@ def _model_config(args):
     return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
                        fast_linear=getattr(args, "fast_linear", False),
-                       draft_confidence=args.draft_confidence)
+                       draft_confidence=args.draft_confidence, backend=args.backend)

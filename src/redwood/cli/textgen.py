@@ -25,6 +25,7 @@ class ModelConfig:
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
+    backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -37,29 +38,30 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     quantisation and fast-linear setting too (the profile it was tuned on was measured so),
     unless config.draft_quantize says otherwise.
     """
-    from redwood.models.pair import load_pair
     from redwood.measure.bundles import find_bundle, resolve_tree
+    from redwood.models.runtime import choose_backend, load_models
     from redwood.models.shipped import DEFAULT_PAIR
 
     if config.model is not None and (config.target or config.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
     pair = None if config.target else (config.model or DEFAULT_PAIR)
+    backend = choose_backend(config.backend, config.target, config.draft, config.device)
     tree, confidence = None, config.draft_confidence
     draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
     if config.tree is not None:
-        bundle = find_bundle(config.tree, pair)
+        bundle = find_bundle(config.tree, pair, backend)
         if bundle is not None:
             tree, confidence = bundle.drafting(temperature, config.draft_confidence)
-            draft_quantize = draft_quantize or bundle.draft_quantize
-            fast_linear = fast_linear or bundle.fast_linear
+            if backend == "hf":
+                draft_quantize = draft_quantize or bundle.draft_quantize
+                fast_linear = fast_linear or bundle.fast_linear
         else:
-            tree = resolve_tree(config.tree, temperature, pair)
+            tree = resolve_tree(config.tree, temperature, pair, backend)
     check_draft_confidence(confidence or 0.0)          # before minutes of model loading
-    target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
-                                         dtype=config.dtype, device=config.device,
-                                         draft_quantize=draft_quantize, progress=progress,
-                                         fast_linear=fast_linear)
-    return Engine(target, draft, tree, confidence or 0.0), tokenizer
+    loaded = load_models(config.model, target=config.target, draft=config.draft, backend=backend,
+                         dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,
+                         progress=progress, fast_linear=fast_linear)
+    return Engine(loaded.target, loaded.draft, tree, confidence or 0.0), loaded.tokenizer
 
 
 def stream_text(engine: Engine, tokenizer, prompt: str, params: SamplingParams,

@@ -79,9 +79,11 @@ class Bundle:
         return tree
 
 
-def shipped_bundle_dir(pair: str = DEFAULT_PAIR, device: str = "cpu") -> Path:
-    """Where the bundle tuned for `pair` on `device` ships inside the package (may not exist)."""
-    return Path(str(resources.files("redwood") / "data" / "bundles" / f"{pair}-{device}"))
+def shipped_bundle_dir(pair: str = DEFAULT_PAIR, device: str = "cpu", backend: str = "hf") -> Path:
+    """Where the bundle tuned for `pair` on `device` with `backend` ships inside the package
+    (may not exist): <pair>-cpu for transformers, <pair>-llamacpp-cpu for llama.cpp."""
+    runtime = "" if backend == "hf" else f"{backend}-"
+    return Path(str(resources.files("redwood") / "data" / "bundles" / f"{pair}-{runtime}{device}"))
 
 
 def is_bundle_dir(path) -> bool:
@@ -131,7 +133,7 @@ def _entry(item, directory: Path, where: str) -> BundleEntry:
     return entry
 
 
-def find_bundle(spec, pair: str | None = None) -> Bundle | None:
+def find_bundle(spec, pair: str | None = None, backend: str = "hf") -> Bundle | None:
     """The bundle a --tree value means, or None when it names a tree file (or nothing).
 
     "auto": $REDWOOD_BUNDLE if set, else the bundle shipped for `pair` (None = the default
@@ -150,10 +152,11 @@ def find_bundle(spec, pair: str | None = None) -> Bundle | None:
             raise RedwoodError("--tree auto: no tuned bundle ships for these models; make one "
                                "with `redwood tune --target T --draft D --out DIR`, then pass "
                                f"--tree DIR or set {BUNDLE_ENV}=DIR")
-        shipped = shipped_bundle_dir(pair)
+        shipped = shipped_bundle_dir(pair, backend=backend)
         if not is_bundle_dir(shipped):
-            raise RedwoodError(f"--tree auto: no tuned bundle ships for the pair {pair!r}; make "
-                               f"one with `redwood tune --model {pair} --out DIR`, then pass "
+            raise RedwoodError(f"--tree auto: no tuned bundle ships for the pair {pair!r} on the "
+                               f"{backend} backend; make one with `redwood tune --model {pair} "
+                               f"--backend {backend} --out DIR`, then pass "
                                f"--tree DIR or set {BUNDLE_ENV}=DIR")
         return load_bundle(shipped)
     path = Path(spec)
@@ -162,7 +165,8 @@ def find_bundle(spec, pair: str | None = None) -> Bundle | None:
     return None
 
 
-def resolve_tree(spec, temperature: float = 0.0, pair: str | None = DEFAULT_PAIR) -> Tree:
+def resolve_tree(spec, temperature: float = 0.0, pair: str | None = DEFAULT_PAIR,
+                 backend: str = "hf") -> Tree:
     """The tree a --tree value means for a request at `temperature`.
 
     spec: None -> the default shipped tree; "auto" -> the tuned bundle (see find_bundle),
@@ -170,7 +174,7 @@ def resolve_tree(spec, temperature: float = 0.0, pair: str | None = DEFAULT_PAIR
     """
     if spec is None:
         return default_tree()
-    bundle = find_bundle(spec, pair)
+    bundle = find_bundle(spec, pair, backend)
     if bundle is not None:
         return bundle.tree(temperature)
     path = Path(spec)

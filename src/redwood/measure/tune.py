@@ -306,6 +306,7 @@ def bundle_index(name: str, chosen: VariantResult, variants, settings, meta) -> 
             "draft_quantize": chosen.quantize, "fast_linear": _fast_linear(chosen.profile),
             "mean_predicted_speedup": chosen.mean_speedup,
             "device": chosen.profile.device, "dtype": chosen.profile.dtype,
+            "backend": chosen.profile.extra.get("backend", "hf"),
             "draft_dtype": chosen.profile.extra.get("draft_dtype"),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "redwood": __version__, "command": meta["command"],
@@ -325,6 +326,7 @@ class LoadedPair:
     labels: dict                    # {"target": ..., "draft": ...} for the output files
     draft_quantize: str | None
     pair: str | None                # shipped pair name, if one was used
+    backend: str = "hf"             # "hf" or "llamacpp": the runtime the models run on
 
 
 QUICK_SETTINGS = dict(width=8, max_budget=16, max_depth=8, context=32, repeats=2, warmup=1,
@@ -347,7 +349,7 @@ def load_models(config, quick: bool = False, progress: bool = True) -> LoadedPai
         return LoadedPair(target, draft, None, {"target": "tiny random qwen2 (--quick)",
                                                 "draft": "the target's first layer (--quick)"},
                           None, None)
-    from redwood.models.pair import load_pair
+    from redwood.models.runtime import load_models as load_on_backend
     from redwood.models.shipped import DEFAULT_PAIR, shipped_pair
 
     if config.model is not None and (config.target or config.draft):
@@ -359,11 +361,12 @@ def load_models(config, quick: bool = False, progress: bool = True) -> LoadedPai
                   "draft": f"{pair}: {spec.draft.description}"}
     else:
         labels = {"target": str(config.target), "draft": str(config.draft)}
-    target, draft, tokenizer = load_pair(config.model, target=config.target, draft=config.draft,
-                                         dtype=config.dtype, device=config.device,
-                                         draft_quantize=config.draft_quantize, progress=progress,
-                                         fast_linear=config.fast_linear)
-    return LoadedPair(target, draft, tokenizer, labels, config.draft_quantize, pair)
+    loaded = load_on_backend(config.model, target=config.target, draft=config.draft,
+                             backend=getattr(config, "backend", "auto"), dtype=config.dtype,
+                             device=config.device, draft_quantize=config.draft_quantize,
+                             progress=progress, fast_linear=config.fast_linear)
+    return LoadedPair(loaded.target, loaded.draft, loaded.tokenizer, labels, config.draft_quantize,
+                      pair, loaded.backend)
 
 
 def int8_copy(model):
@@ -382,7 +385,9 @@ def prompts_for(loaded: LoadedPair, source: str, count: int | None, quick: bool 
     if quick or loaded.tokenizer is None:
         from redwood.models.tiny_random import random_prompts
 
-        vocab = int(loaded.target.config.vocab_size)
+        from redwood.decode.engine import as_backend
+
+        vocab = as_backend(loaded.target).vocab_size
         n = count or QUICK_PROMPTS
         return random_prompts(n, vocab), f"{n} random token prompts (--quick)"
     from redwood.measure.calibrate import calibration_prompts

@@ -59,7 +59,9 @@ def plan_adaptive(p, profile: Profile, static: TreeChoice, max_budget: int, max_
     ms_per_token = static.step_ms / static.tokens_per_step
     estimate = float(np.clip(marginal / ms_per_token, MIN_THRESHOLD, MAX_THRESHOLD))
     threshold = estimate if draft_confidence is None else float(draft_confidence)
-    if is_chain(static.tree):
+    if len(static.tree) == 1:    # the planner declines to speculate: so must adaptive drafting
+        tree = Tree([-1], {"kind": "no speculation"})
+    elif is_chain(static.tree):
         tree = chain(max(max_depth, static.tree.num_levels))
     else:
         tree = optimal_tree(p, largest, max_depth)

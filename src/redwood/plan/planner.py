@@ -272,6 +272,11 @@ def choose_tree(p, profile, max_budget: int, max_depth: int) -> TreeChoice:
                 best, best_tree = cand, tree
     best_tree.source.update({"chosen_by": "choose_tree", "step_ms": best.step_ms,
                              "predicted_speedup": best.speedup})
+    speculative = [c for c in candidates if c.budget > 1 and c.tokens_per_second is not None]
+    if best.budget == 1 and speculative:       # say what plain decoding was chosen over
+        top = max(speculative, key=lambda c: c.tokens_per_second)
+        best_tree.source["best_rejected"] = {"budget": top.budget, "depth": top.depth,
+                                             "predicted_speedup": top.speedup}
     return TreeChoice(tree=best_tree, tokens_per_step=best.expected_length, speedup=best.speedup,
                       budget=best.budget, depth=best.depth, step_ms=best.step_ms,
                       candidates=candidates, table=table)

@@ -1,0 +1,373 @@
+"""The llama.cpp backend: a GGUF model run by llama.cpp (llama-cpp-python's low-level API).
+
+A token tree runs as one `llama_decode` whose tokens carry several sequence ids: leaf k of the
+tree is sequence k, a node carries the ids of the leaves below it, and its position is the root's
+plus its depth (docs/design.md, "Backends"; llamacpp_batch.TreeSeqs). Sequence 0 holds the
+committed prefix; the first `run_tree` of a step copies it into the other leaf sequences (no data
+moves: cells gain sequence ids), and `keep_path` keeps one leaf sequence up to the deepest kept
+node and moves it back to sequence 0. The context is created with `kv_unified` (tokens with
+several sequence ids need one shared cache).
+
+Everything that would make llama.cpp abort the process (a batch larger than n_batch, a sequence
+id >= n_seq_max, a non-causal model) is checked in Python first and raised as RedwoodError.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from redwood.backends.base import tree_limits_error
+from redwood.backends.gguf_header import check_gguf, file_type_name
+from redwood.backends.llamacpp_batch import NativeBatch, TreeSeqs
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree
+
+LLAMA_MAX_SEQ = 256          # llama.cpp's hard cap on sequence ids
+GGML_LOG_ERROR = 4           # ggml_log_level (llama_cpp._logger's table predates DEBUG = 1)
+_log: collections.deque = collections.deque(maxlen=64)
+_state: dict = {}
+
+
+def _on_log(level, text, _user_data):
+    """llama.cpp's log: kept for error messages; echoed to stderr if REDWOOD_LLAMA_LOG is set."""
+    text = text.decode("utf-8", errors="replace") if text else ""
+    _log.append((level, text))
+    if os.environ.get("REDWOOD_LLAMA_LOG"):
+        sys.stderr.write(text)
+
+
+def _native_errors() -> str:
+    """The error lines llama.cpp logged since the last call, for an exception message."""
+    lines = [text.strip() for level, text in _log if level == GGML_LOG_ERROR and text.strip()]
+    _log.clear()
+    return (": " + "; ".join(lines[-3:])) if lines else ""
+
+
+def _llama_cpp():
+    """The llama_cpp module, initialised once, with llama.cpp's log routed to `_on_log`
+    (process-wide: llama.cpp has one log callback)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise RedwoodError("the llama.cpp backend needs llama-cpp-python: "
+                           "pip install llama-cpp-python==0.3.36 (builds llama.cpp from source)"
+                           ) from None
+    if not _state:
+        _state["callback"] = llama_cpp.llama_log_callback(_on_log)   # keep it alive
+        llama_cpp.llama_log_set(_state["callback"], ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def free_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                            # not Linux
+        return os.cpu_count() or 1
+
+
+def _positive(value, what: str, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise RedwoodError(f"{what} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise RedwoodError(f"{what} = {value} is above llama.cpp's limit of {maximum}")
+    return int(value)
+
+
+class LlamaCppBackend:
+    """`Backend` for a GGUF causal LM on llama.cpp (CPU). n_ctx: cache cells (committed tokens
+    plus tentative nodes); n_seq_max: the most leaves a tree may have; n_batch: the most tokens
+    per decode (trees larger than this are refused by check_tree)."""
+
+    def __init__(self, path, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_seq_max: int = 64, n_batch: int = 512):
+        self._model = self._ctx = self._batch = None
+        path = Path(path)
+        info = check_gguf(path)
+        n_ctx = _positive(n_ctx, "n_ctx")
+        n_seq_max = _positive(n_seq_max, "n_seq_max", LLAMA_MAX_SEQ)
+        n_batch = _positive(n_batch, "n_batch")
+        threads = free_cores() if n_threads is None else _positive(n_threads, "n_threads")
+        llama = self._llama = _llama_cpp()
+
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 0
+        _log.clear()
+        self._model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise RedwoodError(f"llama.cpp could not load {path} (architecture "
+                               f"{info['architecture']!r}){_native_errors()}")
+        try:
+            self._check_model(path, info["architecture"])
+            cparams = llama.llama_context_default_params()
+            cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = n_ctx, n_batch, n_batch
+            cparams.n_seq_max = n_seq_max
+            cparams.n_threads = cparams.n_threads_batch = threads
+            cparams.kv_unified = True         # tokens with several sequence ids share cells
+            cparams.swa_full = True           # sliding-window caches must allow seq_rm anywhere
+            cparams.no_perf = True
+            self._ctx = llama.llama_init_from_model(self._model, cparams)
+            if not self._ctx:
+                raise RedwoodError(f"llama.cpp could not create a context for {path} "
+                                   f"(n_ctx={n_ctx}, n_batch={n_batch}){_native_errors()}; "
+                                   "try a smaller n_ctx")
+            self._mem = llama.llama_get_memory(self._ctx)
+            self.n_ctx = int(llama.llama_n_ctx(self._ctx))
+            self.n_batch = min(int(llama.llama_n_batch(self._ctx)),
+                               int(llama.llama_n_ubatch(self._ctx)))
+            self.n_seq_max = min(int(llama.llama_n_seq_max(self._ctx)), n_seq_max)
+            self._batch = NativeBatch(llama, self.n_batch, self.n_seq_max)
+            vocab = llama.llama_model_get_vocab(self._model)
+            self.vocab_size = int(llama.llama_vocab_n_tokens(vocab))
+            self.eos_ids = frozenset(t for t in range(self.vocab_size)
+                                     if llama.llama_vocab_is_eog(vocab, t))
+            ftype = info["file_type"]
+            if ftype is None and hasattr(llama, "llama_model_ftype"):
+                ftype = llama.llama_model_ftype(self._model)
+        except BaseException:
+            self.close()
+            raise
+        self.name = str(path)
+        self.device = torch.device("cpu")
+        self.max_positions = self.n_ctx
+        self.dtype_name = file_type_name(ftype)
+        self.n_threads = threads
+        self._length = 0             # committed tokens (sequence 0, positions 0..L-1)
+        self._step = None            # the tentative state of the current step, or None
+        self._layouts: dict[tuple, TreeSeqs] = {}
+
+    def _check_model(self, path: Path, arch: str) -> None:
+        llama = self._llama
+        branch = "(its state cannot branch into a tree)"
+        checks = [("llama_model_has_encoder", True, "has an encoder"),
+                  ("llama_model_has_decoder", False, "has no decoder"),
+                  ("llama_model_is_recurrent", True, f"is recurrent {branch}"),
+                  ("llama_model_is_hybrid", True, f"is hybrid recurrent {branch}"),
+                  ("llama_model_is_diffusion", True, "is a diffusion model")]
+        for fn, bad, what in checks:
+            if hasattr(llama, fn) and bool(getattr(llama, fn)(self._model)) == bad:
+                raise RedwoodError(f"{path}: architecture {arch!r} {what}; the llama.cpp backend "
+                                   "runs decoder-only transformer language models")
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        llama = getattr(self, "_llama", None)
+        if getattr(self, "_batch", None) is not None:
+            self._batch.free()
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- Backend -------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._live()
+        self._llama.llama_memory_clear(self._mem, True)
+        self._length, self._step = 0, None
+
+    def cache_length(self) -> int:
+        return self._length
+
+    def append(self, ids, rows: int = 1) -> torch.Tensor:
+        self._live()
+        if self._step is not None:
+            raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
+        ids = self._token_ids(ids)
+        n, rows = len(ids), max(0, min(int(rows), len(ids)))
+        if n == 0:
+            return torch.empty(0, self.vocab_size)
+        self._check_room(n, f"appending {n} tokens")
+        start, out = self._length, []
+        try:
+            for lo in range(0, n, self.n_batch):
+                chunk = ids[lo:lo + self.n_batch]
+                want = max(0, rows - (n - lo - len(chunk)))      # outputs among the last `rows`
+                want = min(want, len(chunk))
+                self._batch.fill_causal(chunk, start + lo, want)
+                self._decode(f"appending {n} tokens at position {start}")
+                if want:
+                    out.append(self._logits(want))
+        except BaseException:
+            self._llama.llama_memory_seq_rm(self._mem, -1, start, -1)
+            raise
+        self._length = start + n
+        return torch.cat(out) if out else torch.empty(0, self.vocab_size)
+
+    def run_tree(self, tree: Tree, nodes: Sequence[int], tokens: torch.Tensor,
+                 root_position: int, rows: Sequence[int] | None = None) -> torch.Tensor:
+        self._live()
+        self.check_tree(tree)
+        layout = self._layout(tree)
+        nodes = [int(u) for u in nodes]
+        ids = self._token_ids(tokens)
+        if len(ids) != len(nodes):
+            raise RedwoodError(f"run_tree got {len(nodes)} nodes but {len(ids)} tokens")
+        rows = list(range(len(nodes))) if rows is None else [int(r) for r in rows]
+        if any(r < 0 or r >= len(nodes) for r in rows):
+            raise RedwoodError(f"run_tree rows {rows} must index the {len(nodes)} nodes")
+        if not nodes:
+            return torch.empty(len(rows), self.vocab_size)
+        step = self._step
+        if step is None:
+            if root_position not in (self._length, self._length - 1) or root_position < 0:
+                raise RedwoodError(f"run_tree root_position {root_position} must be the cache "
+                                   f"length {self._length} (root run as node 0) or "
+                                   f"{self._length - 1} (root committed)")
+            step = {"layout": layout, "root": root_position, "ran": set(), "cells": 0,
+                    "root_run": root_position == self._length}
+        elif layout.parents != step["layout"].parents or root_position != step["root"]:
+            raise RedwoodError("run_tree called with another tree or root position in the same "
+                               "step; call keep_path first")
+        self._check_nodes(step, nodes)
+        self._check_room(step["cells"] + len(nodes), f"running {len(nodes)} tree nodes")
+
+        if self._step is None:                       # first call of the step: branch the prefix
+            for s in range(1, layout.n_leaves):
+                self._llama.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
+            self._step = step
+        index = np.array(nodes)
+        outputs = np.zeros(len(nodes), dtype=np.int8)
+        outputs[rows] = 1
+        self._batch.fill_tree(ids, root_position + layout.depths[index],
+                              [layout.seqs[u] for u in nodes], outputs)
+        try:
+            self._decode(f"running {len(nodes)} tree nodes at position {root_position}")
+        except BaseException:
+            self.keep_path([])
+            raise
+        step["ran"].update(nodes)
+        step["cells"] += len(nodes)
+        if not rows:
+            return torch.empty(0, self.vocab_size)
+        kept = np.flatnonzero(outputs)               # logits come in batch order
+        logits = self._logits(len(kept))
+        return logits[np.searchsorted(kept, rows)]
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        self._live()
+        llama, mem, step = self._llama, self._mem, self._step
+        nodes = [int(u) for u in nodes]
+        if not nodes:                                # drop every tentative cell
+            llama.llama_memory_seq_rm(mem, -1, self._length, -1)
+            llama.llama_memory_seq_keep(mem, 0)
+            self._step = None
+            return
+        if step is None:
+            raise RedwoodError("keep_path: no tree nodes have been run since the last keep_path")
+        parents = step["layout"].parents
+        if not 0 <= nodes[0] < len(parents):
+            raise RedwoodError(f"keep_path node {nodes[0]} is out of range")
+        if (nodes[0] != 0) if step["root_run"] else (parents[nodes[0]] != 0):
+            start = "the root, node 0" if step["root_run"] else "a child of the committed root"
+            raise RedwoodError(f"keep_path must start at {start}; got node {nodes[0]}")
+        for a, b in zip(nodes, nodes[1:]):
+            if not 0 <= b < len(parents) or parents[b] != a:
+                raise RedwoodError(f"keep_path nodes {nodes} are not a chain "
+                                   f"(node {b} is not a child of {a})")
+        missing = [u for u in nodes if u not in step["ran"]]
+        if missing:
+            raise RedwoodError(f"keep_path: nodes {missing} were not run this step")
+        last = nodes[-1]
+        position = step["root"] + int(step["layout"].depths[last])
+        seq = int(step["layout"].seqs[last][0])     # a leaf sequence through the kept path
+        llama.llama_memory_seq_rm(mem, seq, position + 1, -1)
+        llama.llama_memory_seq_keep(mem, seq)
+        if seq != 0:
+            llama.llama_memory_seq_cp(mem, seq, 0, -1, -1)
+            llama.llama_memory_seq_keep(mem, 0)
+        self._length, self._step = position + 1, None
+
+    def check_tree(self, tree: Tree) -> None:
+        message = tree_limits_error(tree, self.n_batch, self.n_seq_max, "llama.cpp")
+        if message:
+            raise RedwoodError(message)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _live(self) -> None:
+        if self._ctx is None:
+            raise RedwoodError(f"the llama.cpp backend for {self.name} is closed")
+
+    def _layout(self, tree: Tree) -> TreeSeqs:
+        key = tuple(tree.parents)
+        if key not in self._layouts:
+            if len(self._layouts) >= 256:
+                self._layouts.clear()
+                if self._step is not None:           # keep the running step's layout
+                    self._layouts[tuple(self._step["layout"].parents)] = self._step["layout"]
+            self._layouts[key] = TreeSeqs(tree)
+        return self._layouts[key]
+
+    def _token_ids(self, ids) -> np.ndarray:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        ids = np.asarray(ids).reshape(-1)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise RedwoodError(f"token ids must be integers, got dtype {ids.dtype}")
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise RedwoodError(f"token id {int(bad[0])} is out of range for {self.name} "
+                               f"(vocabulary of {self.vocab_size} tokens)")
+        return ids.astype(np.int32)
+
+    def _check_nodes(self, step: dict, nodes: list[int]) -> None:
+        parents, ran = step["layout"].parents, step["ran"]
+        if any(b <= a for a, b in zip(nodes, nodes[1:])):
+            raise RedwoodError(f"run_tree nodes {nodes} must be distinct and in BFS order")
+        if nodes[0] < 0 or nodes[-1] >= len(parents):
+            raise RedwoodError(f"run_tree nodes {nodes} out of range for a "
+                               f"{len(parents)}-node tree")
+        batch = set()
+        for u in nodes:
+            if u in ran:
+                raise RedwoodError(f"run_tree: node {u} was already run this step")
+            if u == 0:
+                if not step["root_run"]:
+                    raise RedwoodError("run_tree: the root is committed (root_position = cache "
+                                       "length - 1); run its descendants, not node 0")
+            elif not (parents[u] in ran or parents[u] in batch
+                      or (parents[u] == 0 and not step["root_run"])):
+                raise RedwoodError(f"run_tree: node {u}'s parent {parents[u]} has not been run")
+            batch.add(u)
+
+    def _check_room(self, tentative: int, what: str) -> None:
+        if self._length + tentative > self.n_ctx:
+            raise RedwoodError(f"context overflow: {what} after {self._length} committed tokens "
+                               f"needs {self._length + tentative} positions, but the context "
+                               f"holds {self.n_ctx} (n_ctx); use a larger n_ctx or a shorter text")
+
+    def _decode(self, what: str) -> None:
+        _log.clear()
+        code = self._llama.llama_decode(self._ctx, self._batch.batch)
+        if code != 0:
+            reason = {1: "no free cache slot (context full)", 2: "aborted",
+                      -1: "invalid batch"}.get(code, "internal error")
+            raise RedwoodError(f"llama_decode failed with code {code} ({reason}) while "
+                               f"{what}{_native_errors()}")
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        pointer = self._llama.llama_get_logits(self._ctx)   # fetch anew: the buffer may move
+        view = np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
+        return torch.from_numpy(np.array(view, dtype=np.float32))

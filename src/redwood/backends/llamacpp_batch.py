@@ -1,0 +1,78 @@
+"""Helpers of the llama.cpp backend (llamacpp.py): the tree as sequence ids and the reusable
+native batch.
+
+Tree as sequence ids (docs/design.md, "Backends"): leaf k of the tree (leaves in BFS order) is
+sequence k, and every node carries the ids of all leaves below it. llama.cpp lets a token attend
+to a cache cell iff the cell carries the token's first sequence id and sits at a position <= the
+token's, so a node sees the committed prefix (copied into every leaf sequence), its ancestors
+and itself, and never a sibling or cousin (they share no leaf).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from redwood.plan.tree import Tree
+
+
+class TreeSeqs:
+    """One tree shape as sequence ids: `seqs[u]` = int32 ids of the leaves below node u
+    (sorted; node u's first id is its first leaf), `n_leaves` sequences in all."""
+
+    def __init__(self, tree: Tree):
+        below: list[list[int]] = [[] for _ in range(len(tree))]
+        leaves = [u for u in range(len(tree)) if not tree.children[u]]
+        for k, leaf in enumerate(leaves):
+            below[leaf].append(k)
+        for u in range(len(tree) - 1, 0, -1):       # children come after their parents (BFS)
+            below[tree.parents[u]].extend(below[u])
+        self.seqs = [np.array(sorted(ids), dtype=np.int32) for ids in below]
+        self.n_leaves = len(leaves)
+        self.parents = list(tree.parents)
+        self.depths = np.asarray(tree.depths, dtype=np.int64)
+
+
+class NativeBatch:
+    """One `llama_batch` of `capacity` tokens with up to `n_seq_max` sequence ids each,
+    allocated once and refilled through numpy views of its arrays."""
+
+    def __init__(self, llama_cpp, capacity: int, n_seq_max: int):
+        self._llama = llama_cpp
+        self.capacity = capacity
+        self.batch = llama_cpp.llama_batch_init(capacity, 0, n_seq_max)
+        view = np.ctypeslib.as_array
+        self.token = view(self.batch.token, shape=(capacity,))
+        self.pos = view(self.batch.pos, shape=(capacity,))
+        self.n_seq_id = view(self.batch.n_seq_id, shape=(capacity,))
+        self.logits = view(self.batch.logits, shape=(capacity,))
+        self.seq_rows = [view(self.batch.seq_id[i], shape=(n_seq_max,)) for i in range(capacity)]
+
+    def fill_causal(self, ids: np.ndarray, start: int, outputs: int) -> None:
+        """ids at positions start.. in sequence 0; logits for the last `outputs` of them."""
+        n = len(ids)
+        self.token[:n] = ids
+        self.pos[:n] = np.arange(start, start + n)
+        self.n_seq_id[:n] = 1
+        for row in self.seq_rows[:n]:
+            row[0] = 0
+        self.logits[:n] = 0
+        self.logits[n - outputs:n] = 1 if outputs else 0
+        self.batch.n_tokens = n
+
+    def fill_tree(self, ids: np.ndarray, positions: np.ndarray, seqs: list[np.ndarray],
+                  outputs: np.ndarray) -> None:
+        """Token i at positions[i] carrying sequence ids seqs[i]; outputs[i] != 0 for logits."""
+        n = len(ids)
+        self.token[:n] = ids
+        self.pos[:n] = positions
+        for i, ids_i in enumerate(seqs):
+            self.seq_rows[i][:len(ids_i)] = ids_i
+            self.n_seq_id[i] = len(ids_i)
+        self.logits[:n] = outputs
+        self.batch.n_tokens = n
+
+    def free(self) -> None:
+        if self.batch is not None:
+            self.token = self.pos = self.n_seq_id = self.logits = None    # views of freed memory
+            self.seq_rows = []
+            self._llama.llama_batch_free(self.batch)
+            self.batch = None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redwood.bench.methods import METHODS, parse_specinfer_grid
+from redwood.bench.methods import METHODS, allowed_methods, default_methods, parse_specinfer_grid
 from redwood.errors import RedwoodError
 
-# The issue's full specification; anything less is listed as a reduction in the output.
+# The issue's full specification; anything less is listed as a reduction in the output
+# (the methods: those of the backend, bench.methods.default_methods).
 FULL_SPEC = {"prompts": 20, "max_new_tokens": 128, "temperatures": (0.0, 0.6, 1.0),
              "top_ps": (1.0, 0.9), "methods": METHODS}
 QUICK = {"prompts": 2, "max_new_tokens": 12, "hf_constant_grid": (2, 4),
@@ -31,6 +32,8 @@ class BenchConfig:
     out_dir: str = "benchmarks/results"
     machine: str | None = None
     stem: str | None = None            # output file stem (default <machine>-<date>)
+    backend: str = "hf"                # "hf" or "llamacpp" (resolved, never "auto")
+    fixed_tree: str | None = None      # tree JSON for sequoia_fixed (None: the default tree)
     plots: bool = True
     quick: bool = False
     command: str = ""
@@ -54,10 +57,27 @@ class BenchConfig:
         for t in self.temperatures:
             for p in self.top_ps:
                 check_sampling(self.max_new_tokens, t, p, 0)
-        unknown = [m for m in self.methods if m not in METHODS]
+        if self.backend not in ("hf", "llamacpp"):
+            raise RedwoodError(f"bench backend must be 'hf' or 'llamacpp', got {self.backend!r}")
+        allowed = allowed_methods(self.backend)
+        unknown = [m for m in self.methods if m not in allowed]
         if unknown or not self.methods:
-            raise RedwoodError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
-                               f"choose from {', '.join(METHODS)}")
+            other = [m for m in unknown if m in allowed_methods(
+                "hf" if self.backend == "llamacpp" else "llamacpp")]
+            hint = (f" ({', '.join(other)} run on the "
+                    f"{'transformers' if self.backend == 'llamacpp' else 'llama.cpp'} backend: "
+                    f"--backend {'hf' if self.backend == 'llamacpp' else 'llamacpp'})"
+                    if other else "")
+            raise RedwoodError(f"unknown method(s) {', '.join(unknown) or '(none given)'} for "
+                               f"the {self.backend} backend; choose from "
+                               f"{', '.join(allowed)}{hint}")
+        if self.fixed_tree is not None and "sequoia_fixed" in self.methods:
+            from redwood.plan.tree import Tree
+
+            try:
+                Tree.load(self.fixed_tree)
+            except (OSError, ValueError) as err:
+                raise RedwoodError(f"--fixed-tree {self.fixed_tree}: {err}") from None
         for k in self.hf_constant_grid:
             _positive(k, "--hf-constant-grid entries")
         self.specinfer_grid = tuple(parse_specinfer_grid(self.specinfer_grid))
@@ -74,9 +94,10 @@ class BenchConfig:
             out.append(f"{self.prompts} prompts instead of {FULL_SPEC['prompts']}")
         if self.max_new_tokens < FULL_SPEC["max_new_tokens"]:
             out.append(f"{self.max_new_tokens} new tokens instead of {FULL_SPEC['max_new_tokens']}")
+        full = {**FULL_SPEC, "methods": default_methods(self.backend)}
         for key, label in (("temperatures", "temperature"), ("top_ps", "top_p"),
                            ("methods", "method")):
-            missing = [x for x in FULL_SPEC[key] if x not in getattr(self, key)]
+            missing = [x for x in full[key] if x not in getattr(self, key)]
             if missing:
                 out.append(f"{label}s {', '.join(map(str, missing))} not run")
         if "hf_assisted_constant" in self.methods and len(self.hf_constant_grid) == 1:
@@ -107,8 +128,11 @@ def quick_config(**overrides) -> BenchConfig:
 
 
 def config_from_options(quick: bool, **options) -> BenchConfig:
-    """A BenchConfig from CLI-style options (None = the default of the mode)."""
+    """A BenchConfig from CLI-style options (None = the default of the mode; the methods
+    default to those of the backend)."""
     base = quick_config() if quick else BenchConfig()
+    if options.get("methods") is None and options.get("backend"):
+        base.methods = default_methods(options["backend"])
     for key, value in options.items():
         if value is None:
             continue

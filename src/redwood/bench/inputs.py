@@ -47,6 +47,7 @@ class Pair:
     name: str                              # shipped pair name, "quick-tiny", or the paths
     bundle_pair: str | None                # pair name for the shipped bundle lookup, if any
     quick: bool = False
+    backend: str = "hf"                    # "hf" (models) or "llamacpp" (LlamaCppBackends)
 
     def encode(self, texts: list[str]) -> list[torch.Tensor]:
         from redwood.prompts import encode_prompt
@@ -65,15 +66,22 @@ def quick_pair() -> Pair:
 
 
 def load_models(model_config, bundle=None) -> Pair:
-    """The pair a textgen.ModelConfig names (the shipped pair by default). A tuned bundle's
-    draft quantisation and fast-linear setting apply unless the config sets them: its trees
-    were planned from a profile measured with those models."""
+    """The pair a textgen.ModelConfig names (the shipped pair by default), on the runtime its
+    `backend` names (models.runtime.choose_backend resolves "auto"). On transformers a tuned
+    bundle's draft quantisation and fast-linear setting apply unless the config sets them: its
+    trees were planned from a profile measured with those models. On llama.cpp the GGUF files
+    run as they are (no int8 draft, no fast linear)."""
     from dataclasses import replace
 
     from redwood.models.pair import load_pair
+    from redwood.models.runtime import choose_backend
 
     if model_config.model is not None and (model_config.target or model_config.draft):
         raise RedwoodError("give either --model or --target/--draft, not both")
+    backend = choose_backend(getattr(model_config, "backend", "hf"), model_config.target,
+                             model_config.draft, model_config.device)
+    if backend == "llamacpp":
+        return _load_llamacpp(model_config)
     if bundle is not None:
         model_config = replace(
             model_config, draft_quantize=model_config.draft_quantize or bundle.draft_quantize,
@@ -92,6 +100,24 @@ def load_models(model_config, bundle=None) -> Pair:
         name += f" ({', '.join(extras)})"
     return Pair(target, draft, tokenizer, name, None if explicit else (model_config.model or
                                                                       "qwen2.5-coder"))
+
+
+def _load_llamacpp(model_config) -> Pair:
+    """The pair on llama.cpp (models.runtime.load_models): two LlamaCppBackends."""
+    from redwood.models.runtime import load_models as load_on_backend
+
+    loaded = load_on_backend(model_config.model, target=model_config.target,
+                             draft=model_config.draft, backend="llamacpp",
+                             dtype=model_config.dtype, device=model_config.device,
+                             draft_quantize=model_config.draft_quantize,
+                             fast_linear=getattr(model_config, "fast_linear", False))
+    explicit = model_config.target is not None
+    target, draft = loaded.target, loaded.draft
+    files = f"target {target.name} ({target.dtype_name}), draft {draft.name} ({draft.dtype_name})"
+    name = files if explicit else f"{model_config.model or 'qwen2.5-coder'}: {files}"
+    return Pair(target, draft, loaded.tokenizer, f"{name}; llama.cpp backend",
+                None if explicit else (model_config.model or "qwen2.5-coder"),
+                backend="llamacpp")
 
 
 # --- acceptance vectors, profile, trees ----------------------------------------------------
@@ -225,7 +251,7 @@ def plan_inputs(pair: Pair, acceptance_files=(), profile_file=None, tree_spec=No
                         max_depth=max_depth)
     bundle = _bundle(tree_spec, pair)
     if tree_spec is not None and bundle is None:
-        inputs.tree_file = presets.resolve_tree(tree_spec, 0.0, pair.bundle_pair)
+        inputs.tree_file = presets.resolve_tree(tree_spec, 0.0, pair.bundle_pair, pair.backend)
         inputs.tree_file_source = f"--tree {tree_spec}"
     if bundle is not None:
         if not vectors:
@@ -250,9 +276,9 @@ def _bundle(tree_spec, pair: Pair):
     if pair.quick:
         return None
     if tree_spec is not None:
-        return presets.find_bundle(tree_spec, pair.bundle_pair)
+        return presets.find_bundle(tree_spec, pair.bundle_pair, pair.backend)
     try:
-        return presets.find_bundle("auto", pair.bundle_pair)
+        return presets.find_bundle("auto", pair.bundle_pair, pair.backend)
     except RedwoodError:
         return None
 

@@ -10,7 +10,15 @@ the way a user tuning for this machine would choose it.
 - specinfer: redwood's specinfer verification on the best k x d tree of a grid;
 - sequoia: the tuned (or given, or planned) tree.
 - sequoia_adaptive: sequoia on the adaptive tree pruned by draft confidence (the bundle's,
-  or redwood.plan.adaptive's plan from the profile and vector).
+  or redwood.plan.adaptive's plan from the profile and vector);
+- sequoia_fixed: sequoia on a fixed, untuned tree (the shipped default tree unless
+  BenchConfig.fixed_tree names one): what speculation with the model draft costs or gains
+  where the tuned tree declines to speculate.
+On the llama.cpp backend (LLAMACPP_METHODS) the baselines are llama-cpp-python's own
+(bench.llamacpp_runners):
+- llamacpp_plain: its high-level `Llama.generate` on the target alone;
+- llamacpp_prompt_lookup: the same with its prompt-lookup speculative decoding
+  (`LlamaPromptLookupDecoding`, num_pred_tokens=10, its default).
 Grid choices are made per setting, measured on calibration-split prompts (never on the
 evaluation prompts), or by the planner's objective when `select_prompts` is 0.
 """
@@ -28,6 +36,21 @@ from redwood.plan.tree import Tree, chain, specinfer
 METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_constant",
            "chain", "specinfer", "sequoia", "sequoia_adaptive")
 HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
+LLAMACPP_METHODS = ("llamacpp_plain", "autoregressive", "chain", "specinfer", "sequoia",
+                    "sequoia_fixed", "llamacpp_prompt_lookup")
+LLAMACPP_BASELINES = ("llamacpp_plain", "llamacpp_prompt_lookup")
+
+
+def default_methods(backend: str = "hf") -> tuple[str, ...]:
+    """The methods a bench runs on `backend` when --methods is not given."""
+    return LLAMACPP_METHODS if backend == "llamacpp" else METHODS
+
+
+def allowed_methods(backend: str = "hf") -> tuple[str, ...]:
+    """Every method a bench may run on `backend` (redwood's run on both)."""
+    if backend == "llamacpp":
+        return LLAMACPP_METHODS + ("sequoia_adaptive",)
+    return METHODS + ("sequoia_fixed",)
 
 
 @dataclass
@@ -61,12 +84,21 @@ class MethodFactory:
     """Builds the MethodSpecs of each setting; engines are shared per distinct tree."""
 
     def __init__(self, pair: Pair, inputs: PlanInputs, hf_grid, specinfer_grid,
-                 select_prompts: list, select_tokens: int, seed: int):
+                 select_prompts: list, select_tokens: int, seed: int,
+                 fixed_tree: str | None = None):
         self.pair, self.inputs = pair, inputs
         self.hf_grid, self.specinfer_grid = list(hf_grid), list(specinfer_grid)
         self.select_prompts, self.select_tokens, self.seed = select_prompts, select_tokens, seed
+        self.fixed_tree = fixed_tree             # tree JSON for sequoia_fixed (None: default)
         self.selections: list[Selection] = []
         self._engines: dict = {}
+        self._llamas: dict = {}                  # llama-cpp-python Llama per baseline
+
+    def close(self) -> None:
+        """Free the llama-cpp-python models the llama.cpp baselines loaded."""
+        for model in self._llamas.values():
+            model.close()
+        self._llamas.clear()
 
     def engine(self, tree: Tree):
         from redwood.decode.engine import Engine
@@ -80,8 +112,25 @@ class MethodFactory:
         build = {"autoregressive": self._autoregressive, "hf_generate": self._hf_generate,
                  "hf_assisted_default": self._hf_default, "hf_assisted_constant": self._hf_constant,
                  "chain": self._chain, "specinfer": self._specinfer, "sequoia": self._sequoia,
-                 "sequoia_adaptive": self._sequoia_adaptive}
+                 "sequoia_adaptive": self._sequoia_adaptive, "sequoia_fixed": self._sequoia_fixed,
+                 "llamacpp_plain": self._llamacpp_plain,
+                 "llamacpp_prompt_lookup": self._llamacpp_prompt_lookup}
         return [build[m](setting) for m in methods]
+
+    def high_level_llama(self, kind: str):
+        """The llama-cpp-python `Llama` of a llama.cpp baseline ("plain" or "lookup"), on the
+        target's GGUF with the target backend's n_ctx and threads; loaded once."""
+        from redwood.bench.llamacpp_runners import LOOKUP_TOKENS, HighLevelLlama
+
+        if self.pair.backend != "llamacpp":
+            raise RedwoodError("the llamacpp_* methods need the llama.cpp backend "
+                               "(--backend llamacpp with GGUF models)")
+        if kind not in self._llamas:
+            target = self.pair.target
+            self._llamas[kind] = HighLevelLlama(
+                target.name, target.n_ctx, target.n_threads,
+                prompt_lookup=LOOKUP_TOKENS if kind == "lookup" else None)
+        return self._llamas[kind]
 
     # -- one builder per method -----------------------------------------------------------
     def _autoregressive(self, setting):
@@ -137,6 +186,35 @@ class MethodFactory:
         return MethodSpec("sequoia_adaptive", f"n<={len(tree)} d<={tree.num_levels} c={threshold:.2f}",
                           redwood_runner(self.engine(tree), "sequoia", threshold), None, tree, how,
                           "none (pruned trees: no positional prediction)")
+
+    def _sequoia_fixed(self, setting):
+        from redwood.plan.tree import default_tree
+
+        vector = self.inputs.vector_or_none(setting.temperature, setting.top_p)
+        if self.fixed_tree is None:
+            tree, how = default_tree(), "fixed, not tuned: the shipped default tree " \
+                                        "(redwood/data/default_tree.json)"
+        else:
+            tree, how = Tree.load(self.fixed_tree), f"fixed, not tuned: {self.fixed_tree}"
+        return MethodSpec("sequoia_fixed", f"n={len(tree)} d={tree.num_levels}",
+                          redwood_runner(self.engine(tree), "sequoia"),
+                          _expected(tree, vector), tree, how, _describe(vector))
+
+    def _llamacpp_plain(self, setting):
+        from redwood.bench.llamacpp_runners import llama_runner
+
+        model = self.high_level_llama("plain")
+        return MethodSpec("llamacpp_plain", "Llama.generate", llama_runner(model), 1.0,
+                          chosen_by=f"baseline: llama-cpp-python {model.describe()}")
+
+    def _llamacpp_prompt_lookup(self, setting):
+        from redwood.bench.llamacpp_runners import llama_runner
+
+        model = self.high_level_llama("lookup")
+        return MethodSpec("llamacpp_prompt_lookup", f"lookup k={model.prompt_lookup}",
+                          llama_runner(model), None,
+                          chosen_by=f"llama-cpp-python's default prompt lookup: {model.describe()}",
+                          vector="none (prompt lookup: no draft model, no positional prediction)")
 
     # -- grid selection -------------------------------------------------------------------
     def _select(self, method, setting, candidates: list[MethodSpec]) -> MethodSpec:

@@ -4,13 +4,17 @@ Every runner has the same signature, `run(input_ids [L], setting, seed, max_new_
 Measurement`, so the benchmark loop can interleave redwood's methods and the `transformers`
 baselines on the same prompt.
 
-Prefill is excluded for every method (unlike docs/design.md §9, whose primary figure includes it):
+Every runner also records the end-to-end wall time of the whole call, prefill included
+(Measurement.end_to_end_seconds; the primary figure of docs/design.md §9, and the primary column
+of the llama.cpp bench). The decode-only figures (tokens/s) exclude prefill:
 - redwood methods report their prefill separately (GenerationResult.prefill_seconds);
 - `transformers` `generate` cannot split it out, so it is estimated by timing a 1-token
   `generate` of the target on the same prompt right before the run (and, for assisted
   generation, a 1-token `generate` of the draft alone: its prefill happens inside the
   first assisted step). The estimate is subtracted from the run's wall time, and the first
-  token (made by that prefill) is not counted: tokens/s = (M - 1) / (wall - estimate).
+  token (made by that prefill) is not counted: tokens/s = (M - 1) / (wall - estimate);
+- llama-cpp-python's `Llama` (bench.llamacpp_runners) times its prompt evaluation directly
+  and, like transformers, makes the first token from it: tokens/s = (M - 1) / (wall - prefill).
 Forward counts and time in each model come from forward hooks on the two models. EOS is
 ignored by every method (see hf_generation_config).
 """
@@ -48,6 +52,7 @@ class Measurement:
     draft_seconds: float
     other_seconds: float             # decode time outside both models' forwards
     acceptance_by_depth: list[float] = field(default_factory=list)
+    end_to_end_seconds: float | None = None   # wall time of the whole call, prefill included
 
     @property
     def tokens_per_second(self) -> float:
@@ -67,6 +72,7 @@ class Measurement:
                 "other_seconds": self.other_seconds,
                 "tokens_per_second": self.tokens_per_second,
                 "tokens_per_step": self.tokens_per_step,
+                "end_to_end_seconds": self.end_to_end_seconds,
                 "acceptance_by_depth": self.acceptance_by_depth}
 
 
@@ -75,9 +81,11 @@ class Measurement:
 def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
     """Runner for Engine.generate with `method` on the engine's tree (EOS ignored)."""
     def run(input_ids, setting: Setting, seed: int, max_new_tokens: int) -> Measurement:
+        start = time.perf_counter()
         result = engine.generate(input_ids, max_new_tokens, temperature=setting.temperature,
                                  top_p=setting.top_p, top_k=0, seed=seed, method=method,
                                  stop_on_eos=False, draft_confidence=draft_confidence)
+        wall = time.perf_counter() - start
         stats = result.stats
         return Measurement(
             tokens=list(result.tokens), timed_tokens=len(result.tokens),
@@ -85,7 +93,7 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
             prefill_estimated=False, target_forwards=stats.target_forwards,
             draft_forwards=stats.draft_forwards, target_seconds=stats.target_seconds,
             draft_seconds=stats.draft_seconds, other_seconds=stats.other_seconds,
-            acceptance_by_depth=stats.acceptance_by_depth())
+            acceptance_by_depth=stats.acceptance_by_depth(), end_to_end_seconds=wall)
     return run
 
 
@@ -221,5 +229,5 @@ def hf_runner(target, draft=None, schedule: AssistantSchedule | None = None):
             prefill_seconds=prefill_wall + draft_wall, prefill_estimated=True,
             target_forwards=target_timer.calls, draft_forwards=draft_timer.calls,
             target_seconds=target_s, draft_seconds=draft_s,
-            other_seconds=max(decode - target_s - draft_s, 0.0))
+            other_seconds=max(decode - target_s - draft_s, 0.0), end_to_end_seconds=wall)
     return run

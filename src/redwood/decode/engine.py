@@ -144,12 +144,19 @@ class Engine:
         stats = StepStats(accepted_at_depth=[0] * (layout.tree.num_levels - 1 if speculative else 0))
         target, prompt = self.target_backend, prompt.to(self.device)
 
-        # Prefill both models with every prompt token but the last, which becomes the
-        # first root: so even the first new token comes from a verified step.
+        # Speculative: prefill both models with every prompt token but the last, which
+        # becomes the first root, so even the first new token comes from a verified step.
+        # Plain decoding: prefill the whole prompt and take the first token from its last
+        # row, exactly as the runtime's own generation loop does (llama.cpp's kernels differ
+        # by batch size, so this keeps near-ties resolved as plain llama.cpp resolves them).
         start = self._clock()
         target.reset()
-        target.append(prompt[:-1], rows=0)
         drafter = self.drafter if speculative else None
+        first_logits = None
+        if drafter is None:
+            first_logits = target.append(prompt, rows=1)
+        else:
+            target.append(prompt[:-1], rows=0)
         if drafter is not None:
             drafter.prefill(prompt[:-1])
             chooser = ChildChooser.for_request(params, options.method, generator)
@@ -164,7 +171,9 @@ class Engine:
                 raise RedwoodError("another generation started on this engine; a backend holds "
                                    "one sequence at a time (use one engine per concurrent stream)")
             step_start, forward_seconds = self._clock(), stats.target_seconds + stats.draft_seconds
-            if drafter is None:
+            if first_logits is not None:         # the prefill's last row: no forward
+                new_tokens, first_logits = [self._sample_one(first_logits[0], params, generator)], None
+            elif drafter is None:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
             else:
                 new_tokens = self._speculative_step(root, layout, chooser, params, options,

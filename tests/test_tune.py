@@ -229,7 +229,7 @@ def test_load_engine_takes_the_bundle_tree_nearest_the_temperature(tmp_path, shi
                           draft_quantize=None, fast_linear=True)
     monkeypatch.setenv(BUNDLE_ENV, str(bundle))
     config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
-                         tree="auto")
+                         tree="auto", bundle_latencies=True)
     engine, _ = load_engine(config, progress=False, temperature=0.9)
     assert engine.tree == specinfer(2, 2) and engine.draft_confidence == 0.0
     assert fast_linear_enabled(engine.target)         # the bundle was profiled so

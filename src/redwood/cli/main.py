@@ -198,7 +198,6 @@ def _add_serve(sub):
 
 
 def _cmd_serve(args):
-    import functools
     import os
     from pathlib import Path
 
@@ -219,7 +218,7 @@ def _cmd_serve(args):
         raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "
                            "a bundle directory (`redwood tune`) or 'auto'")
     from redwood.serve.app import ServerConfig, create_app, run_server
-    from redwood.cli.textgen import load_engine
+    from redwood.cli.textgen import bundle_drafting, load_engine
 
     config = ServerConfig(
         model_name=args.served_name or args.model or (Path(args.target).name if args.target
@@ -227,9 +226,11 @@ def _cmd_serve(args):
         method=args.method, max_queue=args.max_queue, default_max_tokens=args.max_tokens,
         api_key=args.api_key or os.environ.get("REDWOOD_API_KEY") or None,
         host=args.host, port=args.port,
-        drafting_for_temperature=functools.lru_cache(maxsize=None)(functools.partial(
-            bundle.drafting, draft_confidence=args.draft_confidence)) if bundle else None)
-    engine, tokenizer = load_engine(_model_config(args))
+        drafting_for_temperature=None)
+    model_config = _model_config(args)
+    engine, tokenizer = load_engine(model_config)
+    if bundle is not None:
+        config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)

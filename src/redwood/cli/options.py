@@ -15,6 +15,10 @@ def _add_model_args(p):
                    help="adaptive trees: a node gets draft children only while the draft gave "
                    "every token on its path probability >= C (0 = draft the whole tree; default: "
                    "the tuned bundle's value with --tree auto, else 0). Output stays exact")
+    p.add_argument("--bundle-latencies", action="store_true",
+                   help="with a tuned bundle: use the trees it planned from its own latency "
+                   "profile (default: measure this machine once, cached, and plan its acceptance "
+                   "vectors for this machine)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft-quantize", default=None, choices=["int8"],
@@ -29,4 +33,5 @@ def _model_config(args):
     return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
                        fast_linear=getattr(args, "fast_linear", False),
-                       draft_confidence=args.draft_confidence, backend=args.backend)
+                       draft_confidence=args.draft_confidence, backend=args.backend,
+                       bundle_latencies=getattr(args, "bundle_latencies", False))

@@ -26,6 +26,7 @@ class ModelConfig:
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
+    bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -46,7 +47,7 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         raise RedwoodError("give either --model or --target/--draft, not both")
     pair = None if config.target else (config.model or DEFAULT_PAIR)
     backend = choose_backend(config.backend, config.target, config.draft, config.device)
-    tree, confidence = None, config.draft_confidence
+    tree, confidence, bundle = None, config.draft_confidence, None
     draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
     if config.tree is not None:
         bundle = find_bundle(config.tree, pair, backend)
@@ -61,7 +62,27 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     loaded = load_models(config.model, target=config.target, draft=config.draft, backend=backend,
                          dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,
                          progress=progress, fast_linear=fast_linear)
-    return Engine(loaded.target, loaded.draft, tree, confidence or 0.0), loaded.tokenizer
+    engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
+    if bundle is not None and not config.bundle_latencies:
+        engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config,
+                                                               progress)(temperature)
+    return engine, loaded.tokenizer
+
+
+def bundle_drafting(bundle, engine, config: ModelConfig, progress: bool = True):
+    """temperature -> (tree, draft_confidence) from a tuned bundle: its acceptance vectors
+    planned against this machine's first-use profile (measured once, cached), or with
+    config.bundle_latencies the bundle's own trees."""
+    import functools
+
+    if config.bundle_latencies:
+        return functools.lru_cache(maxsize=None)(functools.partial(
+            bundle.drafting, draft_confidence=config.draft_confidence))
+    from redwood.measure.machine_profile import machine_profile, replan
+
+    profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
+    return functools.lru_cache(maxsize=None)(functools.partial(
+        replan, bundle, profile=profile, draft_confidence=config.draft_confidence))
 
 
 def stream_text(engine: Engine, tokenizer, prompt: str, params: SamplingParams,

@@ -39,6 +39,7 @@ class BundleEntry:
     predicted_speedup: float
     adaptive_tree: str | None = None        # optional: the deeper tree pruned by draft confidence
     draft_confidence: float = 0.0           # its pruning threshold
+    threshold_from: str = "estimate"        # "given": measured, keep it on other machines too
 
 
 @dataclass
@@ -122,6 +123,7 @@ def _entry(item, directory: Path, where: str) -> BundleEntry:
         if adaptive is not None:
             entry.adaptive_tree = str(adaptive["tree"])
             entry.draft_confidence = float(adaptive["draft_confidence"])
+            entry.threshold_from = str(adaptive.get("threshold_from", "estimate"))
     except (KeyError, TypeError, ValueError) as exc:
         raise RedwoodError(f"{where}: malformed tree entry {item!r} ({exc})") from None
     if entry.adaptive_tree is not None and not 0 < entry.draft_confidence < 1:

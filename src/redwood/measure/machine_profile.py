@@ -1,0 +1,156 @@
+"""The latency profile of *this* machine, measured at first use and cached.
+
+A shipped bundle's trees were sized for the machine it was tuned on; MKL's and llama.cpp's small-
+row speeds differ between CPUs (docs/design.md §6), so a bundle's latencies are never applied
+elsewhere. `machine_profile` measures t_target(n) and the draft's per-level cost in seconds (few
+repeats, a short context, the sizes the planner may choose), caches it under
+$REDWOOD_CACHE/profiles/, and `replan` plans the bundle's acceptance vectors against it.
+
+The cache key is everything that changes the timings: CPU model, thread count, backend,
+models (path, size, dtype), and library versions. A profile is reused only when the key matches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from redwood.plan.formats import Profile
+
+QUICK_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32)     # what the bundles' planners may choose
+QUICK = dict(context=128, repeats=3, warmup=1)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_key(target, draft) -> dict:
+    """What the timings depend on. target, draft: Backends."""
+    import torch
+
+    versions = {"redwood": _version("redwood"), "torch": torch.__version__}
+    if getattr(target, "kind", "hf") == "llamacpp":
+        versions["llama_cpp"] = _version("llama_cpp_python")
+    return {"cpu": cpu_model(), "threads": _threads(target), "backend": getattr(target, "kind", "hf"),
+            "device": str(target.device),
+            "target": _model_id(target), "draft": _model_id(draft), "versions": versions}
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_dir(cache_dir=None) -> Path:
+    from redwood.models.shipped import cache_root
+
+    return cache_root(cache_dir) / "profiles"
+
+
+def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: bool = True,
+                    measure=None) -> Profile:
+    """The cached profile for (this machine, these models), measuring it first if needed.
+    target, draft: Backends (or transformers models). `measure(target, draft, sizes)` replaces
+    the measurement (tests)."""
+    from filelock import FileLock
+
+    from redwood.decode.engine import as_backend
+
+    target, draft = as_backend(target), as_backend(draft)
+    key = profile_key(target, draft)
+    directory = profile_dir(cache_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{key_digest(key)}.json"
+    with FileLock(str(path) + ".lock"):
+        cached = _load_matching(path, key)
+        if cached is not None:
+            return cached
+        if progress:
+            print(f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
+                  f"{key['backend']} backend; cached in {directory})", file=sys.stderr, flush=True)
+        profile = (measure or _measure)(target, draft, list(sizes), progress)
+        profile.extra["machine_key"] = key
+        profile.save(path)
+        return profile
+
+
+def _measure(target, draft, sizes, progress) -> Profile:
+    from redwood.measure.profile import profile_latency
+
+    room = min(b.max_positions or 10**9 for b in (target, draft))
+    sizes = [n for n in sizes if QUICK["context"] + n + 8 <= room] or [1]
+    return profile_latency(target, draft, context=QUICK["context"], budgets=sizes,
+                           repeats=QUICK["repeats"], warmup=QUICK["warmup"], progress=progress)
+
+
+def _load_matching(path: Path, key: dict) -> Profile | None:
+    """The profile at `path` if it was measured under exactly `key` (else None: remeasure)."""
+    if not path.is_file():
+        return None
+    try:
+        profile = Profile.load(path)
+    except Exception:                     # unreadable or damaged: measure again
+        return None
+    return profile if profile.extra.get("machine_key") == key else None
+
+
+def replan(bundle, temperature: float, profile: Profile, draft_confidence: float | None = None):
+    """(tree, draft_confidence) for `temperature` from the bundle's acceptance vector planned
+    against this machine's `profile` (same budget and depth limits as the bundle's own plan).
+    draft_confidence as in Bundle.drafting: None = adaptive with the estimated threshold
+    (or the bundle's measured one), 0 = the static tree."""
+    from redwood.plan.adaptive import plan_adaptive
+    from redwood.plan.formats import Acceptance
+    from redwood.plan.planner import choose_tree
+
+    entry = bundle.entry(temperature)
+    acceptance = Acceptance.load(bundle.directory / entry.acceptance)
+    settings = bundle.index.get("settings", {})
+    max_budget = min(int(settings.get("max_budget", 32)), max(profile.target_ms))
+    max_depth = int(settings.get("max_depth", 16))
+    static = choose_tree(acceptance, profile, max_budget, max_depth)
+    static.tree.source.update({"bundle": str(bundle.directory), "bundle_temperature": entry.temperature,
+                               "profile": "this machine (first-use profile)"})
+    if draft_confidence == 0 or not entry.adaptive_tree:
+        return static.tree, 0.0
+    measured = entry.draft_confidence if entry.threshold_from == "given" else None
+    given = draft_confidence if draft_confidence is not None else measured
+    plan = plan_adaptive(acceptance.p, profile, static, max_budget, max_depth, given)
+    plan.tree.source.update(static.tree.source)
+    return plan.tree, float(plan.draft_confidence)
+
+
+def _model_id(backend) -> dict:
+    name = getattr(backend, "name", "")
+    size = None
+    try:
+        size = os.path.getsize(name) if name and os.path.isfile(name) else None
+    except OSError:
+        pass
+    return {"name": str(name), "bytes": size, "dtype": getattr(backend, "dtype_name", "")}
+
+
+def _threads(backend) -> int:
+    if getattr(backend, "n_threads", None):
+        return int(backend.n_threads)
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -21,15 +21,10 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 96, problem: int = 0) ->
     prompts = humaneval_prompts("evaluation")
     if not 0 <= problem < len(prompts):
         raise RedwoodError(f"--problem must be in 0..{len(prompts) - 1}")
-    from redwood.measure.bundles import is_bundle_dir, shipped_bundle_dir
     from redwood.models.runtime import choose_backend
-    from redwood.models.shipped import DEFAULT_PAIR
 
     backend = choose_backend(config.backend, config.target, config.draft, config.device)
     config = replace(config, backend=backend)
-    if config.tree is None and config.target is None \
-            and is_bundle_dir(shipped_bundle_dir(config.model or DEFAULT_PAIR, backend=backend)):
-        config = replace(config, tree="auto")      # the bundle tuned for this runtime
     print(f"loading the model pair on the {backend} backend (the first run assembles or "
           "builds a cache: a few minutes) ...", file=sys.stderr)
     engine, tokenizer = load_engine(config)
@@ -73,7 +68,8 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 96, problem: int = 0) ->
 def planner_line(engine, config) -> str:
     """One or two lines on what the planner chose and why."""
     tree, source = engine.tree, engine.tree.source
-    origin = "tuned bundle" if config.tree == "auto" else (config.tree or "default tree")
+    origin = ("tuned bundle, planned for this machine" if "bundle" in source
+              else (config.tree or "default tree"))
     if len(tree) == 1:
         rejected = source.get("best_rejected")
         why = (f"; the best tree it considered (n = {rejected['budget']}, d = {rejected['depth']}) "

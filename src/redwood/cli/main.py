@@ -201,7 +201,7 @@ def _cmd_serve(args):
     import os
     from pathlib import Path
 
-    from redwood.measure.bundles import find_bundle
+    from redwood.measure.bundles import find_bundle, is_bundle_dir, shipped_bundle_dir
     from redwood.models.runtime import choose_backend
     from redwood.models.shipped import DEFAULT_PAIR
 
@@ -213,6 +213,9 @@ def _cmd_serve(args):
     # A tuned bundle (--tree auto or a bundle dir) gives each request the tree tuned for the
     # temperature nearest its own.
     backend = choose_backend(args.backend, args.target, args.draft, args.device)
+    if args.tree is None and pair is not None \
+            and is_bundle_dir(shipped_bundle_dir(pair, backend=backend)):
+        args.tree = "auto"                          # the shipped pair: its tuned bundle
     bundle = find_bundle(args.tree, pair, backend) if args.tree else None
     if args.tree and bundle is None and not Path(args.tree).is_file():
         raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "

@@ -10,7 +10,9 @@ def _add_model_args(p):
                    help="model runtime: llama.cpp (GGUF files; the default for the shipped pair "
                    "and .gguf models on CPU) or transformers (HF directories, CUDA)")
     p.add_argument("--tree", default=None,
-                   help="tree JSON from `redwood plan` (default: the tree shipped with redwood)")
+                   help="tree JSON from `redwood plan`, a bundle directory from `redwood tune`, or "
+                   "auto (default for the shipped pair: its tuned bundle for the backend, planned "
+                   "for this machine; else the tree shipped with redwood)")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="C",
                    help="adaptive trees: a node gets draft children only while the draft gave "
                    "every token on its path probability >= C (0 = draft the whole tree; default: "

@@ -39,7 +39,9 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     quantisation and fast-linear setting too (the profile it was tuned on was measured so),
     unless config.draft_quantize says otherwise.
     """
-    from redwood.measure.bundles import find_bundle, resolve_tree
+    from dataclasses import replace
+
+    from redwood.measure.bundles import find_bundle, is_bundle_dir, resolve_tree, shipped_bundle_dir
     from redwood.models.runtime import choose_backend, load_models
     from redwood.models.shipped import DEFAULT_PAIR
 
@@ -47,6 +49,9 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         raise RedwoodError("give either --model or --target/--draft, not both")
     pair = None if config.target else (config.model or DEFAULT_PAIR)
     backend = choose_backend(config.backend, config.target, config.draft, config.device)
+    if config.tree is None and pair is not None \
+            and is_bundle_dir(shipped_bundle_dir(pair, backend=backend)):
+        config = replace(config, tree="auto")      # the shipped pair: its tuned bundle
     tree, confidence, bundle = None, config.draft_confidence, None
     draft_quantize, fast_linear = config.draft_quantize, config.fast_linear
     if config.tree is not None:
@@ -64,25 +69,29 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                          progress=progress, fast_linear=fast_linear)
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if bundle is not None and not config.bundle_latencies:
-        engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config,
-                                                               progress)(temperature)
+        from redwood.measure.machine_profile import machine_profile
+
+        # This machine's costs: plan the bundle's acceptance vectors for them, and govern
+        # each request with them (speculate only while it pays).
+        engine.profile = machine_profile(engine.target_backend, engine.draft_backend,
+                                         progress=progress)
+        engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config)(temperature)
     return engine, loaded.tokenizer
 
 
-def bundle_drafting(bundle, engine, config: ModelConfig, progress: bool = True):
+def bundle_drafting(bundle, engine, config: ModelConfig):
     """temperature -> (tree, draft_confidence) from a tuned bundle: its acceptance vectors
-    planned against this machine's first-use profile (measured once, cached), or with
+    planned against this machine's profile (engine.profile, see load_engine), or with
     config.bundle_latencies the bundle's own trees."""
     import functools
 
-    if config.bundle_latencies:
+    if config.bundle_latencies or engine.profile is None:
         return functools.lru_cache(maxsize=None)(functools.partial(
             bundle.drafting, draft_confidence=config.draft_confidence))
-    from redwood.measure.machine_profile import machine_profile, replan
+    from redwood.measure.machine_profile import replan
 
-    profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     return functools.lru_cache(maxsize=None)(functools.partial(
-        replan, bundle, profile=profile, draft_confidence=config.draft_confidence))
+        replan, bundle, profile=engine.profile, draft_confidence=config.draft_confidence))
 
 
 def stream_text(engine: Engine, tokenizer, prompt: str, params: SamplingParams,

@@ -102,3 +102,7 @@ class DraftModelDrafter:
         nodes = [self.node_ids[i] for i in path]
         self.backend.keep_path([u for u in nodes[1:] if u in self.ran])
         self.pending = [int(tokens[i]) for i, u in zip(path[1:], nodes[1:]) if u not in self.ran]
+
+    def skip(self, root: int) -> None:
+        """A plain target step consumed `root`: the draft runs it with the next proposal."""
+        self.pending.append(int(root))

@@ -39,6 +39,9 @@ class Drafter(Protocol):
     def commit(self, path: list[int], tokens: torch.Tensor) -> None:
         """The target kept `path` (node indices of the last proposal, path[0] = root)."""
 
+    def skip(self, root: int) -> None:
+        """The target decoded `root` in a plain step, with no proposal (see decode/governor.py)."""
+
 
 class ChildChooser:
     """How children are picked from draft logits: greedy top-k, or sampled from the

@@ -17,6 +17,7 @@ import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Drafter
+from redwood.decode.governor import Governor, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence, check_sampling  # noqa: F401
 from redwood.decode.stats import GenerationResult, StepStats
@@ -77,11 +78,14 @@ class Stream:
 
 class Engine:
     def __init__(self, target, draft, tree: Tree | str | None = None,
-                 draft_confidence: float = 0.0, drafter: Drafter | None = None):
+                 draft_confidence: float = 0.0, drafter: Drafter | None = None,
+                 profile=None):
         """target, draft: transformers models or `Backend`s (redwood.backends). tree: the
         default tree for requests; draft_confidence: their default pruning threshold (see
         `stream`). Requests may override both. drafter: a `Drafter` to use instead of the
-        draft model (then `draft` may be None)."""
+        draft model (then `draft` may be None). profile: this machine's latency profile
+        (plan.formats.Profile); with it every speculative request is governed: it speculates
+        only while that pays on this request (decode/governor.py)."""
         check_draft_confidence(draft_confidence)
         self.draft_confidence = float(draft_confidence)
         self.target, self.draft = target, draft
@@ -100,6 +104,7 @@ class Engine:
             raise RedwoodError("give a draft model (or backend) or a drafter")
         self.drafter = drafter or DraftModelDrafter(self.draft_backend, self._clock, self.layouts)
         self._owner = None                 # the live stream: backends hold one sequence
+        self.profile = profile
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:
@@ -161,6 +166,10 @@ class Engine:
             drafter.prefill(prompt[:-1])
             chooser = ChildChooser.for_request(params, options.method, generator)
         prefill_seconds = self._clock() - start
+        governor = None
+        if drafter is not None and self.profile is not None:
+            plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
+            governor = Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms)
 
         root, tokens, accepted, finish = int(prompt[-1]), [], [], None
         state.target, state.drafter, state.prompt = target, drafter, prompt
@@ -175,9 +184,13 @@ class Engine:
                 new_tokens, first_logits = [self._sample_one(first_logits[0], params, generator)], None
             elif drafter is None:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
+            elif governor is not None and not governor.speculate():
+                new_tokens = self._autoregressive_step(root, params, generator, stats)
+                drafter.skip(root)
+                stats.plain_steps += 1
             else:
                 new_tokens = self._speculative_step(root, layout, chooser, params, options,
-                                                    generator, stats)
+                                                    generator, stats, governor)
             new_tokens = new_tokens[: params.max_new_tokens - len(tokens)]
             new_tokens, finish = self._cut_at_eos(tokens, new_tokens, params, options)
             tokens += new_tokens
@@ -195,7 +208,8 @@ class Engine:
         stats.target_seconds += self._clock() - start
         return [self._sample_one(logits[0], params, generator)]
 
-    def _speculative_step(self, root, layout, chooser, params, options, generator, stats):
+    def _speculative_step(self, root, layout, chooser, params, options, generator, stats,
+                          governor=None):
         """Draft the tree, verify it in one target forward, keep the accepted path."""
         from redwood.decode.sampling import process_logits
         from redwood.decode.verify import verify_greedy, verify_tree
@@ -222,6 +236,8 @@ class Engine:
         self.drafter.commit(path, proposal.tokens)
         for depth in range(1, len(path)):
             stats.accepted_at_depth[depth - 1] += 1
+        if governor is not None:
+            governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards))
         return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
 
     # -- helpers ------------------------------------------------------------------------------

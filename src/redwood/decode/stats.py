@@ -13,6 +13,7 @@ class StepStats:
     target_forwards: int = 0          # decoding target forwards (prefill excluded)
     draft_forwards: int = 0
     tree_nodes: int = 0               # draft tokens verified (tree nodes below the root), summed
+    plain_steps: int = 0              # steps the governor ran without drafting (speculation lost)
     # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)
 
@@ -64,5 +65,6 @@ class GenerationResult:
             "draft_seconds": self.stats.draft_seconds, "other_seconds": self.stats.other_seconds,
             "target_forwards": self.stats.target_forwards, "draft_forwards": self.stats.draft_forwards,
             "draft_tokens_per_step": self.stats.draft_tokens_per_step,
+            "plain_steps": self.stats.plain_steps,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
         }

@@ -1,0 +1,76 @@
+"""Per request: speculate only while it pays (docs/design.md §3).
+
+The planner sizes a tree from an acceptance vector averaged over a data set; a single prompt can
+be far easier or harder. The governor compares, step by step, what speculation yields on *this*
+request (tokens kept per speculative step, decayed so recent steps weigh most) per millisecond of
+predicted step cost (the machine profile's t_target(n) plus the draft's level costs for the tree
+actually drafted) against plain decoding's 1 token per t_target(1). When speculation loses it
+switches to plain target steps and probes again now and then.
+
+Only past outcomes and measured costs decide, never the current step's draws, so every verifier
+stays exact; and the costs are the profile's (not wall-clock readings), so a seeded request gives
+the same tokens on every run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Governor:
+    plain_ms: float                 # t_target(1): the cost of one plain token
+    prior_tokens_per_ms: float      # the plan's prediction, worth `prior_steps` observed steps
+    prior_steps: float = 2.0
+    decay: float = 0.8              # per speculative step: ~5 recent steps dominate
+    probe_every: int = 8            # plain steps between probes while speculation is off
+    tokens: float = 0.0             # decayed tokens kept by speculative steps
+    ms: float = 0.0                 # decayed predicted ms of those steps
+    plain_run: int = 0
+    speculative_steps: int = 0
+    plain_steps: int = 0
+
+    def __post_init__(self):
+        self.tokens = self.prior_tokens_per_ms * self.prior_steps * self.plain_ms
+        self.ms = self.prior_steps * self.plain_ms
+
+    @property
+    def tokens_per_ms(self) -> float:
+        return self.tokens / self.ms if self.ms > 0 else 0.0
+
+    def speculate(self) -> bool:
+        """Whether the next step should draft (else: one plain target step)."""
+        if self.tokens_per_ms * self.plain_ms >= 1.0 - 1e-9:    # ties (the neutral prior): try
+            self.plain_run = 0
+            return True
+        self.plain_run += 1
+        if self.plain_run > self.probe_every:        # conditions change within a text: look again
+            self.plain_run = 0
+            return True
+        self.plain_steps += 1
+        return False
+
+    def record(self, tokens: int, predicted_ms: float) -> None:
+        """A speculative step kept `tokens` (bonus included) at a predicted cost of `predicted_ms`."""
+        self.tokens = self.decay * self.tokens + tokens
+        self.ms = self.decay * self.ms + predicted_ms
+        self.speculative_steps += 1
+
+    def as_dict(self) -> dict:
+        return {"speculative_steps": self.speculative_steps, "plain_steps": self.plain_steps,
+                "live_tokens_per_ms": self.tokens_per_ms, "plain_tokens_per_ms": 1.0 / self.plain_ms}
+
+
+def step_ms(profile, tree, draft_levels: int) -> float:
+    """Predicted ms of a step from a machine profile: the target's forward over the tree's
+    nodes (root included; the nearest measured size at or above, scaled beyond the largest)
+    plus the draft's forwards over the first `draft_levels` levels (0 for a free drafter)."""
+    sizes = sorted(profile.target_ms)
+    n = len(tree)
+    above = [s for s in sizes if s >= n]
+    target = profile.target_ms[above[0]] if above else profile.target_ms[sizes[-1]] * n / sizes[-1]
+    widest = max(profile.draft_ms)
+    draft = 0.0
+    for width in tree.level_sizes[:draft_levels]:
+        level = profile.draft_level_ms(width)
+        draft += level if level is not None else profile.draft_ms[widest] * width / widest
+    return target + draft

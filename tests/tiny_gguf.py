@@ -3,7 +3,9 @@
 `write_tiny_gguf(path, seed)` writes a 2-layer Qwen2-shaped model with float32 random weights and
 a 512-token byte-level vocabulary (GPT-2 byte tokens, a few merges, control tokens, padding) that
 llama.cpp loads like a real model. `write_tiny_gguf_pair(directory)` writes two with the same
-vocabulary and different seeds (a target/draft pair). `write_non_causal_gguf` writes a metadata-only
+vocabulary and different seeds (a target/draft pair). `write_perturbed_gguf(path, seed, noise)`
+writes seed's model with relative noise on every weight: a draft that agrees with the target
+often but not always. `write_non_causal_gguf` writes a metadata-only
 file whose architecture is an encoder ('bert'), for the error tests.
 
 The output head is scaled (`head_scale`) so the next-token logits spread over several units:
@@ -58,18 +60,25 @@ def vocabulary(vocab: int = 512):
 
 def write_tiny_gguf(path, seed: int, arch: str = "qwen2", vocab: int = 512, d_model: int = 64,
                     n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, d_ff: int = 128,
-                    context: int = 4096, head_scale: float = 4.0) -> Path:
-    """Write a random float32 causal LM in GGUF to `path`; same seed, same weights."""
+                    context: int = 4096, head_scale: float = 4.0, noise: float = 0.0,
+                    noise_seed: int = 0) -> Path:
+    """Write a random float32 causal LM in GGUF to `path`; same seed, same weights.
+    noise > 0 adds noise * (the weight's own scale) * N(0, 1) to every random weight and bias,
+    drawn from `noise_seed` (the base weights stay those of `seed`)."""
     import gguf
 
     if arch != "qwen2":
         raise ValueError("only the qwen2 layout is written (biases on q/k/v)")
     path = Path(path)
     rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng([seed, noise_seed])
     head_dim = d_model // n_heads
 
     def weight(rows, cols, scale=1.0):
-        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+        values = rng.standard_normal((rows, cols))
+        if noise:
+            values = values + noise * noise_rng.standard_normal((rows, cols))
+        return (values * scale / np.sqrt(cols)).astype(np.float32)
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-seed{seed}")
@@ -125,6 +134,12 @@ def write_tiny_gguf_pair(directory, seeds=(0, 1), **kwargs) -> tuple[Path, Path]
     directory.mkdir(parents=True, exist_ok=True)
     return tuple(write_tiny_gguf(directory / f"tiny-seed{seed}.gguf", seed, **kwargs)
                  for seed in seeds)
+
+
+def write_perturbed_gguf(path, seed: int, noise: float, noise_seed: int = 1, **kwargs) -> Path:
+    """Seed's tiny model with relative weight noise `noise` (see write_tiny_gguf): with the
+    same vocabulary, a draft for the model of `seed` that agrees with it often."""
+    return write_tiny_gguf(path, seed, noise=noise, noise_seed=noise_seed, **kwargs)
 
 
 def write_non_causal_gguf(path, arch: str = "bert") -> Path:

@@ -61,6 +61,11 @@ class Backend(Protocol):
         first a child of the last committed token or the tentative root) and drop every other
         tentative node. An empty list drops all tentative nodes."""
 
+    def room_needed(self, tree: Tree) -> int:
+        """Context room one step of `tree` takes beyond the committed tokens: its depth where
+        the limit is on positions (transformers), its node count where every tentative node
+        takes a cache cell (llama.cpp)."""
+
     def check_tree(self, tree: Tree) -> None:
         """Raise RedwoodError if this backend cannot run `tree` in one call (limits of the
         runtime); called before any native call that could abort the process."""

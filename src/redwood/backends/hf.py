@@ -78,6 +78,9 @@ class HFBackend:
         hf_cache.keep_tail(self.cache, prefix, keep)
         self._slots = {}
 
+    def room_needed(self, tree: Tree) -> int:
+        return tree.num_levels                                   # positions, not cells, are bounded
+
     def check_tree(self, tree: Tree) -> None:
         return None                                              # no per-call limits
 

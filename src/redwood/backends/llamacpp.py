@@ -300,6 +300,9 @@ class LlamaCppBackend:
             llama.llama_memory_seq_keep(mem, 0)
         self._length, self._step = position + 1, None
 
+    def room_needed(self, tree: Tree) -> int:
+        return len(tree)                      # every tentative node takes a cache cell
+
     def check_tree(self, tree: Tree) -> None:
         message = tree_limits_error(tree, self.n_batch, self.n_seq_max, "llama.cpp")
         if message:

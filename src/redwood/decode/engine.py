@@ -284,11 +284,14 @@ class Engine:
             for backend in (self.target_backend, self.draft_backend):
                 if backend is not None:
                     backend.check_tree(_method_tree(options.method, tree))
-        needed = ids.numel() + params.max_new_tokens + tree.num_levels
+        run = _method_tree(options.method, tree) if options.method != "autoregressive" else Tree([-1])
+        room = max(b.room_needed(run) for b in (self.target_backend, self.draft_backend)
+                   if b is not None)
+        needed = ids.numel() + params.max_new_tokens + room
         if self.max_positions is not None and needed > self.max_positions:
             raise RedwoodError(
-                f"prompt ({ids.numel()} tokens) + max_new_tokens ({params.max_new_tokens}) + tree "
-                f"depth ({tree.num_levels}) = {needed} exceeds the model context of "
+                f"prompt ({ids.numel()} tokens) + max_new_tokens ({params.max_new_tokens}) + one "
+                f"tree step ({room}) = {needed} exceeds the model context of "
                 f"{self.max_positions} positions; shorten the prompt or lower max_new_tokens")
         return ids.long()
 

@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     else:
         from redwood.cli.textgen import ModelConfig
 
-        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
+        pair = load_models(ModelConfig(backend="hf", draft_quantize=args.draft_quantize,
                                        fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
     tree = args.tree or _default_tree_path()
     inputs = plan_inputs(pair, args.acceptance, None, tree, measure_quick=False)

@@ -136,7 +136,7 @@ def load(args):
         from redwood.bench.inputs import load_models
         from redwood.cli.textgen import ModelConfig
 
-        pair = load_models(ModelConfig(draft_quantize=args.draft_quantize,
+        pair = load_models(ModelConfig(backend="hf", draft_quantize=args.draft_quantize,
                                        fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
         tree = resolve_tree(args.tree, args.temperature)
     prompts = pair.encode(humaneval_prompts("evaluation", limit=args.prompts))

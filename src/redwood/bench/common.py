@@ -8,7 +8,10 @@ from pathlib import Path
 METHOD_LABELS = {"autoregressive": "autoregressive (redwood)", "hf_generate": "HF generate",
                  "hf_assisted_default": "HF assisted (default)",
                  "hf_assisted_constant": "HF assisted (constant k)", "chain": "chain",
-                 "specinfer": "specinfer", "sequoia": "sequoia"}
+                 "specinfer": "specinfer", "sequoia": "sequoia",
+                 "llamacpp_plain": "plain llama.cpp (Llama.generate)",
+                 "sequoia_fixed": "sequoia (fixed tree, untuned)",
+                 "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
 
 
 def cpu_cores() -> int:

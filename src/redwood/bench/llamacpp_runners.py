@@ -24,9 +24,12 @@ default). Same runner signature and Measurement as bench.runners.
   min-p off, temperature, seeded draw with seed = Llama.set_seed(seed)). top-p acts on the
   untempered distribution, before temperature, where redwood applies temperature first: the
   distributions agree when top_p = 1 or T = 1. Greedy (T = 0) is argmax.
-- With a draft model `Llama` keeps the logits of every evaluated token (logits_all), so its
-  prefill also computes the output head for every prompt token: that is what users of its
-  prompt lookup pay, and it is inside its end-to-end time.
+- With a draft model `Llama` keeps the logits of every evaluated token (it forces logits_all),
+  so its prefill also computes the output head for every prompt token: that is what users of
+  its prompt lookup pay, and it is inside its end-to-end time. The prompt-lookup `Llama` is
+  created with logits_all=True as well: 0.3.36 sizes its logits array by the argument, not by
+  the forced setting, so without it any request past n_batch (512) tokens fails with a
+  broadcast error.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ class HighLevelLlama:
         try:
             self.llm = Llama(model_path=str(path), n_ctx=int(n_ctx), n_threads=int(n_threads),
                              n_threads_batch=int(n_threads), flash_attn=FLASH_ATTN,
-                             draft_model=self.draft, verbose=False)
+                             draft_model=self.draft, logits_all=self.draft is not None,
+                             verbose=False)
         except (ValueError, RuntimeError) as err:
             raise RedwoodError(f"llama-cpp-python's Llama could not load {path}: {err}") from None
         self.path, self.n_ctx, self.n_threads = str(path), int(n_ctx), int(n_threads)

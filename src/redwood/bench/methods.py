@@ -38,7 +38,6 @@ METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_
 HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
 LLAMACPP_METHODS = ("llamacpp_plain", "autoregressive", "chain", "specinfer", "sequoia",
                     "sequoia_fixed", "llamacpp_prompt_lookup")
-LLAMACPP_BASELINES = ("llamacpp_plain", "llamacpp_prompt_lookup")
 
 
 def default_methods(backend: str = "hf") -> tuple[str, ...]:

@@ -38,7 +38,10 @@ def _methods(rows):
 
 
 def _speedup(plt, rows, doc):
-    if all(r["speedup_vs_autoregressive"] is None for r in rows):
+    key, label = "speedup_vs_autoregressive", "speedup vs autoregressive (median)"
+    if doc.get("backend") == "llamacpp":
+        key, label = "speedup_vs_plain_llamacpp", "end-to-end speedup vs plain llama.cpp (median)"
+    if all(r.get(key) is None for r in rows):
         return None
     settings, methods = _settings(rows), _methods(rows)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(settings)), 4))
@@ -48,13 +51,13 @@ def _speedup(plt, rows, doc):
         for t, p in settings:
             match = [r for r in rows if (r["temperature"], r["top_p"]) == (t, p)
                      and r["method"] == method]
-            values.append(match[0]["speedup_vs_autoregressive"] or 0 if match else 0)
+            values.append(match[0][key] or 0 if match else 0)
         ax.bar([i + j * width for i in range(len(settings))], values, width,
                label=METHOD_LABELS.get(method, method))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(settings))])
     ax.set_xticklabels([f"T={t:g}\ntop_p={p:g}" for t, p in settings])
-    ax.set_ylabel("speedup vs autoregressive (median)")
+    ax.set_ylabel(label)
     ax.set_title(f"redwood bench: {doc['machine']}")
     ax.legend(fontsize=7, ncol=2)
     return fig

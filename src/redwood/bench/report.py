@@ -8,6 +8,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from redwood.bench import llamacpp_report
 from redwood.bench.common import METHOD_LABELS, atomic_write, cpu_cores, duration, machine_name
 from redwood.bench.methods import HF_METHODS
 from redwood.bench.plots import save_plots
@@ -74,9 +75,13 @@ def goal_lines(rows) -> list[str]:
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# redwood bench: {doc['machine']}, {doc['date']}", "",
-             f"- command: `{doc['command']}`" if doc.get("command") else "- command: (API call)",
-             f"- models: {doc['models']}",
+    llamacpp = doc.get("backend") == "llamacpp"
+    title = f"# redwood bench: {doc['machine']}, {doc['date']}"
+    lines = [title + (" (llama.cpp backend)" if llamacpp else ""), ""]
+    if llamacpp:
+        lines += [f"**{doc['runtime']}**", ""]
+    lines += [f"- command: `{doc['command']}`" if doc.get("command") else "- command: (API call)",
+              f"- models: {doc['models']}",
              f"- wall time: {duration(doc['elapsed_seconds'])} (model loading excluded)",
              f"- latency profile: {doc['profile']}",
              f"- raw per-prompt records: `{doc['raw']}`"]
@@ -88,13 +93,19 @@ def markdown(doc: dict) -> str:
     lines.append("Reduced versus the issue's full specification (20 prompts, 128 tokens, "
                  "T in {0, 0.6, 1.0}, top_p in {1.0, 0.9}, all methods, grids):")
     lines += [f"- {r}" for r in doc["reductions"]] or ["- nothing: full specification"]
-    lines += ["", "## Results", ""] + results_table(doc["summary"])
-    goals = goal_lines(doc["summary"])
+    if llamacpp:
+        lines += ["", "## Results", "", llamacpp_report.caption(doc), ""]
+        lines += llamacpp_report.results_table(doc["summary"])
+        goals = llamacpp_report.goal_lines(doc["summary"])
+    else:
+        lines += ["", "## Results", ""] + results_table(doc["summary"])
+        goals = goal_lines(doc["summary"])
     if goals:
         lines += ["", "## Against the goals", ""] + goals
     lines += ["", "## How each method was configured", ""]
     for r in doc["summary"]:
-        if r["method"] not in ("autoregressive", "hf_generate"):
+        if r["method"] not in ("autoregressive", "hf_generate") or \
+                (llamacpp and r["method"] == "autoregressive"):
             lines.append(f"- {r['method']} at T={r['temperature']:g}, top_p={r['top_p']:g}: "
                          f"{r['config']} ({r['chosen_by']})")
     for sel in doc["selections"]:
@@ -150,7 +161,39 @@ def _row(spec, setting, by_method) -> dict:
         "greedy_matches_autoregressive": all(matches) if matches else None,
         "chosen_by": spec.chosen_by, "acceptance_vector": spec.vector,
         "tree_parents": spec.tree.parents if spec.tree is not None else None,
+        **_end_to_end(mine, by_method),
     }
+
+
+def _end_to_end(mine: dict, by_method: dict) -> dict:
+    """End-to-end (prefill included) figures: the median request time, the prefill, the
+    ratios to plain llama.cpp on the same prompt (plain time / this method's time, so > 1 is
+    faster; median and the worst prompt), engine overhead = time outside the model forwards
+    over the decode time (pooled), and greedy agreement with plain llama.cpp."""
+    walls = {i: r.get("end_to_end_seconds") for i, r in mine.items()}
+    out = {"end_to_end_seconds": None, "prefill_seconds": statistics.median(
+        r["prefill_seconds"] for r in mine.values()),
+        "speedup_vs_plain_llamacpp": None, "speedup_vs_plain_llamacpp_min": None,
+        "end_to_end_vs_autoregressive": None,
+        "overhead_share": sum(r["other_seconds"] for r in mine.values())
+        / max(1e-12, sum(r["decode_seconds"] for r in mine.values()))}
+    if any(w is None for w in walls.values()):
+        return out
+    out["end_to_end_seconds"] = statistics.median(walls.values())
+    for name, key in (("llamacpp_plain", "speedup_vs_plain_llamacpp"),
+                      ("autoregressive", "end_to_end_vs_autoregressive")):
+        base = by_method.get(name) or {}
+        ratios = [base[i]["end_to_end_seconds"] / w for i, w in walls.items()
+                  if i in base and base[i].get("end_to_end_seconds") and w > 0]
+        if ratios:
+            out[key] = statistics.median(ratios)
+            if name == "llamacpp_plain":
+                out["speedup_vs_plain_llamacpp_min"] = min(ratios)
+    if "llamacpp_plain" in by_method:
+        same = [r.get("greedy_matches_plain_llamacpp") for r in mine.values()]
+        same = [x for x in same if x is not None]
+        out["greedy_matches_plain_llamacpp"] = all(same) if same else None
+    return out
 
 
 def _time_split(records) -> dict[str, float]:
@@ -179,8 +222,9 @@ def write_outputs(report: dict, out_dir=None, date: str | None = None) -> dict[s
     config = report["config"]
     out = Path(out_dir or config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    runtime = "-llamacpp" if getattr(config, "backend", "hf") == "llamacpp" else ""
     stem = config.stem or \
-        f"{config.machine or machine_name()}-{date or datetime.date.today().isoformat()}"
+        f"{config.machine or machine_name()}{runtime}-{date or datetime.date.today().isoformat()}"
     summary = summarize(report)
     document = _document(report, summary, stem)
     paths = {"summary": out / f"{stem}.json", "raw": out / f"{stem}.raw.json",
@@ -204,10 +248,12 @@ def _document(report, summary, stem) -> dict:
     return {
         "format": 1, "kind": "bench", "stem": stem, "machine": config.machine or machine_name(),
         "date": datetime.date.today().isoformat(), "command": config.command,
+        "backend": getattr(config, "backend", "hf"), "runtime": report.get("runtime"),
         "models": pair.name, "elapsed_seconds": report["elapsed_seconds"],
         "config": {k: v for k, v in asdict(config).items() if k not in ("notes",)},
         "reductions": config.reductions(),
-        "notes": _notes(config) + list(config.notes) + inputs.notes,
+        "notes": (llamacpp_report.notes(config) if getattr(config, "backend", "hf") == "llamacpp"
+                  else _notes(config)) + list(config.notes) + inputs.notes,
         "profile": inputs.profile_source, "vectors": vectors,
         "selections": report["selections"], "raw": f"{stem}.raw.json",
         "load_average_1min": _load_summary(report.get("load_averages", [])),

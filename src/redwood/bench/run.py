@@ -1,5 +1,7 @@
-"""`redwood bench`: redwood's methods against the `transformers` baselines on the HumanEval
-evaluation split (disjoint from the calibration split), following docs/design.md §9.
+"""`redwood bench`: redwood's methods against the `transformers` baselines (or, with
+`--backend llamacpp`, against llama-cpp-python's own `Llama` generation and prompt lookup, see
+bench.llamacpp_runners) on the HumanEval evaluation split (disjoint from the calibration split),
+following docs/design.md §9.
 
 Same prompts and the same number of new tokens for every method (EOS ignored), methods
 interleaved per prompt (their order rotating from prompt to prompt), prefill excluded for
@@ -7,6 +9,9 @@ every method (estimated for `transformers`, see bench.runners), seeds fixed (pro
 seed + i for every method). Reported per method x setting: median tokens/s, speedups (median
 over prompts of the per-prompt ratio to `autoregressive` and to `hf_generate`), tokens per
 target forward (pooled over prompts) beside the planner's prediction, and the time split.
+Every record also has the end-to-end wall time of its request, prefill included: the primary
+column of the llama.cpp bench, whose ratios are to plain llama.cpp (`llamacpp_plain`) on the
+same prompt (median and per-prompt minimum).
 
 This module is the orchestration: what to run is a BenchConfig (bench.config), the methods
 come from bench.methods, and bench.report writes, under `out_dir`: <stem>.json (the summary
@@ -50,7 +55,7 @@ def run_command(config: BenchConfig, model_config=None, acceptance=(), profile=N
         torch.set_num_threads(1)    # tiny models: OpenMP barriers cost more than they save
         pair = quick_pair()
     else:
-        bundle = _find_bundle(model_config)
+        bundle = _find_bundle(model_config, config.backend)
         if bundle is None and not acceptance:
             raise RedwoodError("no acceptance vectors: run `redwood tune` for a tuned bundle "
                                "(--tree auto / DIR) or pass --acceptance FILE [FILE ...] from "
@@ -77,8 +82,9 @@ def run_command(config: BenchConfig, model_config=None, acceptance=(), profile=N
     return 0
 
 
-def _find_bundle(model_config):
-    """The tuned bundle a real run would use (--tree auto/DIR, or the pair's shipped one)."""
+def _find_bundle(model_config, backend: str = "hf"):
+    """The tuned bundle a real run would use (--tree auto/DIR, or the pair's shipped one for
+    the backend)."""
     from redwood.measure import bundles as presets
 
     if model_config is None or model_config.target is not None:
@@ -87,7 +93,7 @@ def _find_bundle(model_config):
     if spec != "auto" and not Path(spec).is_dir():
         return None
     try:
-        return presets.find_bundle(spec, model_config.model or presets.DEFAULT_PAIR)
+        return presets.find_bundle(spec, model_config.model or presets.DEFAULT_PAIR, backend)
     except RedwoodError:
         if model_config.tree is not None:
             raise
@@ -107,23 +113,36 @@ def run_bench(config: BenchConfig, pair, inputs, progress: bool = True) -> dict:
     select_ids = pair.encode(humaneval_prompts("calibration", limit=config.select_prompts)) \
         if config.select_prompts else []
     factory = MethodFactory(pair, inputs, config.hf_constant_grid, config.specinfer_grid,
-                            select_ids, config.select_tokens, config.seed)
-    specs = {s: factory.specs(s, config.methods) for s in settings}
-    _warm_up(specs, eval_ids[0], config.seed)
-    records, loads = [], [os.getloadavg()[0]]
-    total = len(eval_ids) * sum(len(v) for v in specs.values())
-    for i, ids in enumerate(eval_ids):
-        for setting in settings:
-            records += _run_prompt(i, ids, setting, specs[setting], config)
-            loads.append(os.getloadavg()[0])
-            if progress:
-                print(f"bench: prompt {i + 1}/{len(eval_ids)}, {setting.label} done "
-                      f"({len(records)}/{total} runs, {time.perf_counter() - started:.0f} s)",
-                      file=sys.stderr, flush=True)
+                            select_ids, config.select_tokens, config.seed, config.fixed_tree)
+    try:
+        specs = {s: factory.specs(s, config.methods) for s in settings}
+        _warm_up(specs, eval_ids[0], config.seed)
+        records, loads = [], [os.getloadavg()[0]]
+        total = len(eval_ids) * sum(len(v) for v in specs.values())
+        for i, ids in enumerate(eval_ids):
+            for setting in settings:
+                records += _run_prompt(i, ids, setting, specs[setting], config)
+                loads.append(os.getloadavg()[0])
+                if progress:
+                    print(f"bench: prompt {i + 1}/{len(eval_ids)}, {setting.label} done "
+                          f"({len(records)}/{total} runs, {time.perf_counter() - started:.0f} s)",
+                          file=sys.stderr, flush=True)
+        runtime = _runtime(pair)
+    finally:
+        factory.close()
     return {"config": config, "settings": settings, "specs": specs, "records": records,
             "selections": [s.as_dict() for s in factory.selections], "inputs": inputs,
             "pair": pair, "elapsed_seconds": time.perf_counter() - started,
-            "load_averages": loads}
+            "load_averages": loads, "runtime": runtime}
+
+
+def _runtime(pair) -> str | None:
+    """The CPU model and the kernels / runtime, for the llama.cpp bench's table header."""
+    if getattr(pair, "backend", "hf") != "llamacpp":
+        return None
+    from redwood.bench.llamacpp_runners import cpu_model, runtime_description
+
+    return f"{cpu_model()}; {runtime_description(pair.target.n_threads)}"
 
 
 def bench_settings(config: BenchConfig) -> list[Setting]:
@@ -154,15 +173,20 @@ def _run_prompt(index, ids, setting, specs, config) -> list[dict]:
     results = {}
     for position, spec in enumerate(order):
         results[spec.method] = (spec, spec.run(ids, setting, seed, config.max_new_tokens), position)
-    reference = results.get("autoregressive")
+    reference, plain = results.get("autoregressive"), results.get("llamacpp_plain")
     records = []
     for spec in specs:
         _, measurement, position = results[spec.method]
-        same = None
+        same = same_plain = None
         if setting.temperature == 0 and reference is not None:
             same = measurement.tokens == reference[1].tokens
-        records.append({"prompt": index, "prompt_tokens": int(len(ids)), "method": spec.method,
-                        "config": spec.config, "temperature": setting.temperature,
-                        "top_p": setting.top_p, "seed": seed, "order": position,
-                        "greedy_matches_autoregressive": same, **measurement.as_dict()})
+        if setting.temperature == 0 and plain is not None:
+            same_plain = measurement.tokens == plain[1].tokens
+        record = {"prompt": index, "prompt_tokens": int(len(ids)), "method": spec.method,
+                  "config": spec.config, "temperature": setting.temperature,
+                  "top_p": setting.top_p, "seed": seed, "order": position,
+                  "greedy_matches_autoregressive": same, **measurement.as_dict()}
+        if plain is not None:
+            record["greedy_matches_plain_llamacpp"] = same_plain
+        records.append(record)
     return records

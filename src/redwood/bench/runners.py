@@ -79,7 +79,13 @@ class Measurement:
 # --- redwood's own methods ----------------------------------------------------------------
 
 def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
-    """Runner for Engine.generate with `method` on the engine's tree (EOS ignored)."""
+    """Runner for Engine.generate with `method` on the engine's tree (EOS ignored).
+
+    Plain decoding (autoregressive, or a tree of one node) takes its first token from the
+    prefill's last row, so M - 1 tokens are made inside decode_seconds; speculative methods
+    prefill all but the last prompt token and make all M inside it."""
+    plain = method == "autoregressive" or len(engine.tree) == 1
+
     def run(input_ids, setting: Setting, seed: int, max_new_tokens: int) -> Measurement:
         start = time.perf_counter()
         result = engine.generate(input_ids, max_new_tokens, temperature=setting.temperature,
@@ -88,7 +94,8 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
         wall = time.perf_counter() - start
         stats = result.stats
         return Measurement(
-            tokens=list(result.tokens), timed_tokens=len(result.tokens),
+            tokens=list(result.tokens),
+            timed_tokens=max(len(result.tokens) - 1, 0) if plain else len(result.tokens),
             decode_seconds=result.decode_seconds, prefill_seconds=result.prefill_seconds,
             prefill_estimated=False, target_forwards=stats.target_forwards,
             draft_forwards=stats.draft_forwards, target_seconds=stats.target_seconds,

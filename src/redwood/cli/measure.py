@@ -263,12 +263,17 @@ def _cmd_tune(args):
 # --- bench (tuning issue: benchmarks) ------------------------------------------------
 
 def _add_bench(sub):
-    p = sub.add_parser("bench", help="benchmark redwood against transformers baselines",
+    p = sub.add_parser("bench", help="benchmark redwood against transformers or llama.cpp "
+                       "baselines",
                        description="Run autoregressive, transformers generate and assisted "
                        "generation, chain, specinfer and sequoia on the HumanEval evaluation "
                        "split (EOS ignored, prefill excluded, methods interleaved per prompt); "
-                       "write a summary JSON, raw per-prompt JSON, a markdown table and plots "
-                       "under --out-dir. --scaling measures tokens per step against tree size.")
+                       "with --backend llamacpp (the default for the shipped pair on a CPU "
+                       "with llama-cpp-python installed) the baselines are llama-cpp-python's "
+                       "plain Llama generation and its prompt lookup, and the primary figure "
+                       "is the end-to-end time per request, prefill included. Writes a summary "
+                       "JSON, raw per-prompt JSON, a markdown table and plots under --out-dir. "
+                       "--scaling measures tokens per step against tree size.")
     _add_model_args(p)
     p.add_argument("--quick", action="store_true",
                    help="tiny random models built in-process: the whole pipeline in seconds")
@@ -281,8 +286,13 @@ def _add_bench(sub):
     p.add_argument("--top-p", type=float, nargs="+", default=None, dest="top_ps",
                    help="default 1.0 0.9")
     p.add_argument("--methods", nargs="+", default=None,
-                   help="subset of autoregressive hf_generate hf_assisted_default "
-                   "hf_assisted_constant chain specinfer sequoia (default: all)")
+                   help="transformers backend: subset of autoregressive hf_generate "
+                   "hf_assisted_default hf_assisted_constant chain specinfer sequoia "
+                   "sequoia_adaptive (+ sequoia_fixed); llama.cpp backend: of llamacpp_plain "
+                   "autoregressive chain specinfer sequoia sequoia_fixed llamacpp_prompt_lookup "
+                   "(+ sequoia_adaptive) (default: all but the bracketed)")
+    p.add_argument("--fixed-tree", default=None, metavar="TREE.json",
+                   help="the untuned tree of sequoia_fixed (default: the shipped default tree)")
     p.add_argument("--hf-constant-grid", type=int, nargs="+", default=None, metavar="K",
                    help="constant num_assistant_tokens to try (default 2 3 4 6 8)")
     p.add_argument("--specinfer-grid", default=None, metavar="KxD,...",
@@ -319,6 +329,19 @@ def _bench_command(args) -> str:
     return shlex.join(parts)
 
 
+def _bench_backend(args) -> str:
+    """'hf' or 'llamacpp' for a bench: --quick runs the tiny transformers pair; otherwise
+    --backend as every verb reads it (models.runtime.choose_backend)."""
+    from redwood.models.runtime import choose_backend
+
+    if args.quick:
+        if args.backend == "llamacpp":
+            raise RedwoodError("--quick runs the tiny transformers pair; for a llama.cpp pipeline "
+                               "check pass small GGUF files with --target/--draft")
+        return "hf"
+    return choose_backend(args.backend, args.target, args.draft, args.device)
+
+
 def _cmd_bench(args):
     from redwood.bench.config import config_from_options
     from redwood.bench.run import run_command
@@ -326,9 +349,10 @@ def _cmd_bench(args):
     options = {key: getattr(args, key) for key in (
         "prompts", "max_new_tokens", "temperatures", "top_ps", "methods", "hf_constant_grid",
         "specinfer_grid", "select_prompts", "select_tokens", "max_budget", "max_depth", "seed",
-        "out_dir", "machine")}
+        "out_dir", "machine", "fixed_tree")}
     config = config_from_options(args.quick, plots=not args.no_plots,
-                                 command=_bench_command(args), **options)
+                                 command=_bench_command(args), backend=_bench_backend(args),
+                                 **options)
     return run_command(config, _model_config(args), args.acceptance, args.profile, args.scaling)
 
 

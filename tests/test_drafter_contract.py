@@ -12,18 +12,28 @@ from redwood.backends.hf import HFBackend
 from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.layout import TreeLayout
+from redwood.decode.ngram_drafter import NgramDrafter
 from redwood.plan.tree import Tree
 from redwood.models.tiny_random import tiny_model
 
 TREE = Tree([-1, 0, 0, 1, 1, 2, 3, 5])
 VOCAB = 96
+# Text with repeated spans, and roots drawn from it, so that text-based drafters (n-gram
+# lookup) really propose trees here; a model drafter does not care.
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 8, 7, 5, 6]
 
 
 def draft_model_drafter():
     return DraftModelDrafter(HFBackend(tiny_model(vocab_size=VOCAB, seed=3, scale=3.0)), time.perf_counter)
 
 
-FACTORIES = {"draft_model": draft_model_drafter}
+def ngram_drafter():
+    # learn=False: the learned acceptance rates are state beyond the committed text (they size
+    # proposals), so only with them frozen must the proposal equal a fresh drafter's.
+    return NgramDrafter(learn=False)
+
+
+FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter}
 
 
 @pytest.fixture(params=list(FACTORIES))
@@ -44,6 +54,11 @@ def _check_proposal(proposal, root, requested: Tree, greedy: bool):
     assert all(0 <= t < VOCAB for t in proposal.tokens.tolist())
     point = proposal.point_mass
     assert point is None or (point.shape == (n,) and point.dtype == torch.bool)
+    assert proposal.draft_forwards >= 0 and proposal.draft_seconds >= 0
+    if point is not None:                           # point-mass siblings: distinct tokens
+        for kids in tree.children:
+            fixed = [int(proposal.tokens[k]) for k in kids if bool(point[k])]
+            assert len(fixed) == len(set(fixed))
     sampled = [u for u in range(1, n) if point is None or not bool(point[u])]
     if greedy or not sampled:
         return
@@ -65,8 +80,8 @@ def test_is_a_drafter(make_drafter):
 def test_proposals_are_well_formed(make_drafter, greedy, confidence):
     drafter = make_drafter()
     layout = TreeLayout.build(TREE, "cpu")
-    drafter.prefill(torch.tensor([5, 6, 7]))
-    root, chooser = 8, _chooser(greedy)
+    drafter.prefill(torch.tensor(PROMPT))
+    root, chooser = 7, _chooser(greedy)
     for step in range(6):
         proposal = drafter.propose(root, layout, chooser, confidence)
         _check_proposal(proposal, root, TREE, greedy)
@@ -75,18 +90,23 @@ def test_proposals_are_well_formed(make_drafter, greedy, confidence):
         while tree.children[path[-1]] and step % 2 == 0:
             path.append(tree.children[path[-1]][0])
         drafter.commit(path, proposal.tokens)
-        root = (int(proposal.tokens[path[-1]]) + 1) % VOCAB       # a "bonus" token
+        root = PROMPT[(int(proposal.tokens[path[-1]]) + step) % len(PROMPT)]   # a "bonus" token
 
 
 def test_state_after_commits_equals_fresh_prefill(make_drafter):
-    """After steps with varied accepted paths, the next greedy proposal equals that of a
-    fresh drafter prefilled with the same committed text."""
+    """After steps with varied accepted paths (and plain steps, `skip`), the next greedy
+    proposal equals that of a fresh drafter prefilled with the same committed text."""
     drafter = make_drafter()
     layout = TreeLayout.build(TREE, "cpu")
-    text = [5, 6, 7]
+    text = list(PROMPT)
     drafter.prefill(torch.tensor(text))
-    root, chooser = 8, _chooser(True)
+    root, chooser = 7, _chooser(True)
     for step in range(7):
+        if step % 3 == 2:                           # a plain target step (decode/governor.py)
+            drafter.skip(root)
+            text.append(root)
+            root = PROMPT[(step * 3 + 1) % len(PROMPT)]
+            continue
         proposal = drafter.propose(root, layout, chooser)
         tree = proposal.layout.tree
         path = [0]
@@ -97,7 +117,7 @@ def test_state_after_commits_equals_fresh_prefill(make_drafter):
             path.append(kids[-1] if step % 2 else kids[0])
         drafter.commit(path, proposal.tokens)
         text += [root] + [int(proposal.tokens[u]) for u in path[1:]]
-        root = (step * 7 + 3) % VOCAB
+        root = PROMPT[(step * 5 + 2) % len(PROMPT)]
     fresh = make_drafter()
     fresh.prefill(torch.tensor(text))
     ours = drafter.propose(root, layout, chooser)

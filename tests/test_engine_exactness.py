@@ -30,13 +30,13 @@ def models():
 
 
 @torch.inference_mode()
-def exact_joint(target, temperature, top_p):
+def exact_joint(target, temperature, top_p, prompt=PROMPT):
     """P(first, second) for the target alone with the same processing: [V, V]."""
-    first = process_logits(target(input_ids=PROMPT[None]).logits[0, -1], temperature, 0, top_p)
+    first = process_logits(target(input_ids=prompt[None]).logits[0, -1], temperature, 0, top_p)
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for token in range(VOCAB):
         if first[token] > 0:
-            ids = torch.cat([PROMPT, torch.tensor([token])])[None]
+            ids = torch.cat([prompt, torch.tensor([token])])[None]
             second = process_logits(target(input_ids=ids).logits[0, -1], temperature, 0, top_p)
             joint[token] = first[token].double() * second.double()
     return joint.numpy().ravel()

@@ -1,0 +1,261 @@
+"""`NgramDrafter`: free drafts from the text itself (n-gram / prompt lookup), sized by a cost model.
+
+Each step the drafter looks up what followed earlier occurrences of the current suffix
+(`NgramIndex`), merges those continuations into a trie, and proposes the part of the trie that
+pays for itself. The proposals are deterministic: every node is a point mass (q = δ_token), so
+the verifier accepts a node with probability p(token) and stays exact (docs/design.md §4.5).
+No model runs: draft_forwards is 0.
+
+Why a cost model: a draft costs nothing to make but its tokens cost target time to check. On a
+CPU, llama.cpp's t(n) is steep (t(2) ≈ 1.5 t(1), docs/design.md §5.3), so a draft that is
+rejected slows decoding down; always drafting whenever something matches (llama-cpp-python's
+prompt lookup) was slower than plain decoding. The drafter therefore estimates each node's
+chance of acceptance and keeps the tree size n that maximises expected tokens per second,
+E(n) / t(n) (the hardware-aware choice of §3 applied per step, with a free draft):
+
+- c(v) = P(v accepted | its parent accepted and its earlier siblings rejected), read from an
+  `AcceptanceModel` keyed by (greedy, match-length bucket, depth, rank);
+- value(v) = value(parent) · Π_{earlier siblings j} (1 − c(j)) · c(v), root 1 (the
+  unconditional path probability, as in §2.1);
+- nodes are taken best-first by value, each only after its parent and its earlier siblings
+  (so every prefix is a tree whose ranks are the trie's); E(n) = 1 + Σ value over the first
+  n − 1 taken nodes (the 1 is the bonus token);
+- n is the measured size (target_ms keys, never interpolated, §3) that maximises
+  E(n) / target_ms[n], ties to the smaller n; n = 1 is a plain target step.
+
+Learning without wasting target time: for a point mass x at a node the target reached,
+P(x accepted) = p(x) = P(the target's next token is x), and after rejecting x_1..x_{k-1} the
+rule of §4.5 gives P(x_k accepted) = p(x_k) / (1 − Σ p(x_j)) = P(next token is x_k | it is none
+of x_1..x_{k-1}). So walking the previous step's *whole* trie along the tokens actually emitted
+(accepted path + bonus) gives unbiased acceptance observations for every node reached, drafted
+or not. The model keeps learning even while it proposes nothing, and the trie never depends on
+the target's output at its nodes, so exactness is untouched.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+import torch
+
+from redwood.decode.drafter import ChildChooser, Proposal
+from redwood.decode.layout import LayoutCache, TreeLayout
+from redwood.decode.ngram_index import NgramIndex, TrieNode, build_trie
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree
+
+MATCH_BUCKETS = 4            # match lengths 1, 2, 3, 4+
+DEPTH_BUCKETS = 6            # depths 1..5, 6+
+# Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
+# coin flip, long ones usually repeat. Later siblings start at half (they are checked only
+# after the first was rejected).
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8)
+PRIOR_LATER = 0.5
+PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
+
+
+class AcceptanceModel:
+    """Estimated c = P(node accepted | parent accepted, earlier siblings rejected), by
+    key = (greedy, match-length bucket, depth bucket, rank 1 or later), as a Beta-style mean:
+    (accepted + prior · w) / (trials + w)."""
+
+    def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
+                 prior_weight: float = PRIOR_WEIGHT):
+        if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
+            raise RedwoodError(f"prior_rank1 needs {MATCH_BUCKETS} probabilities in [0, 1]")
+        self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
+        self.prior_weight = float(prior_weight)
+        self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+
+    @staticmethod
+    def key(greedy: bool, node: TrieNode) -> tuple:
+        return (bool(greedy), min(node.match, MATCH_BUCKETS) - 1,
+                min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
+
+    def prior(self, key: tuple) -> float:
+        first = self.prior_rank1[key[1]]
+        return first * self.prior_later if key[3] else first
+
+    def rate(self, key: tuple) -> float:
+        accepted, trials = self.counts.get(key, (0.0, 0.0))
+        return (accepted + self.prior(key) * self.prior_weight) / (trials + self.prior_weight)
+
+    def observe(self, key: tuple, accepted: bool) -> None:
+        counts = self.counts.setdefault(key, [0.0, 0.0])
+        counts[0] += float(accepted)
+        counts[1] += 1.0
+
+
+class NgramDrafter:
+    """Drafter protocol (redwood.decode.drafter) over an `NgramIndex` of the text so far.
+
+    target_ms: a profile's target forward time by tree size (root included), {1: t1, ...};
+    None = every size up to the engine's tree budget costs the same (a flat, GPU-like curve:
+    then the whole useful trie is proposed, up to the budget). learn: update the acceptance
+    model from the emitted text (off = keep the priors: proposals depend on the text only).
+    Proposals never exceed the requested tree's node count, leaf count or depth, so whatever
+    the engine checked against the backend's limits (check_tree) also holds for them.
+    """
+
+    def __init__(self, target_ms: dict[int, float] | None = None, min_n: int = 1, max_n: int = 6,
+                 max_continuations: int = 8, max_length: int = 8, max_occurrences: int = 32,
+                 model: AcceptanceModel | None = None, learn: bool = True, clock=time.perf_counter):
+        self.target_ms = _check_target_ms(target_ms)
+        self.ngram = dict(min_n=min_n, max_n=max_n, max_occurrences=max_occurrences)
+        NgramIndex(**self.ngram)                           # validate now, not at prefill
+        self.max_continuations, self.max_length = int(max_continuations), int(max_length)
+        self.model = model or AcceptanceModel()
+        self.learn, self.clock = learn, clock
+        self.layouts: LayoutCache | None = None
+        self.prefill(torch.empty(0, dtype=torch.long))
+
+    # -- Drafter protocol ------------------------------------------------------------------
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        self.index = NgramIndex(**self.ngram)
+        self.index.extend(torch.as_tensor(prompt_ids).reshape(-1).tolist())
+        self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
+        self._accepted: list[int] = []                           # its accepted tokens
+        self._open = False                                       # proposed, not yet committed
+
+    def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
+                min_confidence: float = 0.0) -> Proposal:
+        """The part of the n-gram trie below `root` that maximises E(n) / t(n), within the
+        requested tree's limits. min_confidence > 0 also drops nodes whose estimated
+        acceptance c is below it (a drafter-side number: exactness is kept)."""
+        if self._open:
+            raise RedwoodError("NgramDrafter.propose called twice without commit")
+        start = self.clock()
+        root = int(root)
+        self._learn_from_last(root)
+        self.index.append(root)
+        limits = _limits(layout.tree)
+        trie = build_trie(root, self.index.candidates(self.max_continuations,
+                                                      min(self.max_length, limits[2])))
+        greedy = bool(choose.greedy)
+        rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
+        taken, values = best_first(trie, rates, limits, min_confidence)
+        n = self._best_size(values, limits[0])
+        parents, order = bfs_subtree(trie, set(taken[:n - 1]))
+        self._last, self._accepted, self._open = (trie, greedy), [], True
+        device = layout.depths.device
+        if self.layouts is None or self.layouts.device != device:
+            self.layouts = LayoutCache(device)
+        out = layout if parents == layout.tree.parents else self.layouts(
+            Tree(parents, {"kind": "ngram", "from": len(layout.tree)}))
+        tokens = torch.tensor([trie[u].token for u in order], dtype=torch.long, device=device)
+        point_mass = torch.ones(len(order), dtype=torch.bool, device=device)
+        point_mass[0] = False                                     # the root is not proposed
+        return Proposal(tokens, None, out, point_mass, self.clock() - start, 0)
+
+    def commit(self, path: list[int], tokens: torch.Tensor) -> None:
+        """Append the accepted tokens (the root was appended by propose) to the index."""
+        accepted = [int(tokens[i]) for i in path[1:]]
+        self.index.extend(accepted)
+        self._accepted, self._open = accepted, False
+
+    def skip(self, root: int) -> None:
+        """A plain target step consumed `root` (no proposal, decode/governor.py): learn from
+        the previous trie, append `root`; no lookup, so the plain step stays plain."""
+        if self._open:
+            raise RedwoodError("NgramDrafter.skip called between propose and commit")
+        self._learn_from_last(int(root))
+        self.index.append(int(root))
+        self._last, self._accepted = None, []
+
+    # -- internals -------------------------------------------------------------------------
+    def _learn_from_last(self, root: int) -> None:
+        """Walk the previous step's trie along what was emitted since (its accepted tokens,
+        then the bonus, which is this step's root): at each node reached, the children before
+        the one that matches were rejected, the match was accepted (module docstring)."""
+        if self._last is None or not self.learn:
+            return
+        trie, greedy = self._last
+        at = 0
+        for token in self._accepted + [root]:
+            match = None
+            for child in trie[at].children:
+                hit = trie[child].token == token
+                self.model.observe(self.model.key(greedy, trie[child]), hit)
+                if hit:
+                    match = child
+                    break
+            if match is None:
+                return
+            at = match
+
+    def _best_size(self, values: list[float], max_nodes: int) -> int:
+        """argmax over measured n <= max_nodes of E(n) / t(n); ties to the smaller n."""
+        expected, best_n, best = 1.0, 1, None
+        sizes = self.target_ms or {n: 1.0 for n in range(1, max_nodes + 1)}
+        for n in range(1, min(max_nodes, len(values) + 1) + 1):
+            expected += values[n - 2] if n > 1 else 0.0
+            if n in sizes:
+                rate = expected / sizes[n]
+                if best is None or rate > best:
+                    best_n, best = n, rate
+        return best_n
+
+
+def _limits(tree: Tree) -> tuple[int, int, int]:
+    """(nodes, leaves, depth in edges) of the requested tree: the proposal stays within them."""
+    leaves = sum(1 for kids in tree.children if not kids)
+    return len(tree), leaves, tree.num_levels - 1
+
+
+def best_first(trie: list[TrieNode], rates: list[float], limits: tuple[int, int, int],
+               min_confidence: float = 0.0) -> tuple[list[int], list[float]]:
+    """Take trie nodes in decreasing path value, each after its parent and its earlier siblings,
+    within (max nodes, max leaves, max depth). Returns (taken node ids, their values).
+
+    A candidate is the first child of a taken node or the next sibling of a taken node; a
+    non-first sibling adds a leaf. `miss` = the value of reaching the parent and rejecting
+    every earlier sibling, so value = miss · c.
+    """
+    max_nodes, max_leaves, max_depth = limits
+    heap: list[tuple[float, int, float]] = []                   # (-value, node, miss)
+
+    def push(node: int, miss: float) -> None:
+        if rates[node] >= min_confidence and trie[node].depth <= max_depth:
+            heapq.heappush(heap, (-miss * rates[node], node, miss))
+
+    if trie[0].children:
+        push(trie[0].children[0], 1.0)
+    taken, values, leaves = [], [], 1
+    while heap and len(taken) < max_nodes - 1:
+        negative, node, miss = heapq.heappop(heap)
+        item = trie[node]
+        if item.rank > 1:
+            if leaves >= max_leaves:
+                continue
+            leaves += 1
+        taken.append(node)
+        values.append(-negative)
+        siblings = trie[item.parent].children
+        if item.rank < len(siblings):
+            push(siblings[item.rank], miss * (1.0 - rates[node]))
+        if item.children:
+            push(item.children[0], -negative)
+    return taken, values
+
+
+def bfs_subtree(trie: list[TrieNode], keep: set[int]) -> tuple[list[int], list[int]]:
+    """The root plus the kept nodes in BFS order with siblings in rank order:
+    (parents list for redwood.plan.tree.Tree, trie node of each tree node)."""
+    order, parents = [0], [-1]
+    for i in range(len(trie)):                  # `order` grows while we walk it
+        if i >= len(order):
+            break
+        for child in trie[order[i]].children:
+            if child in keep:
+                order.append(child)
+                parents.append(i)
+    return parents, order
+
+
+def _check_target_ms(target_ms) -> dict[int, float] | None:
+    if target_ms is None:
+        return None
+    times = {int(n): float(t) for n, t in dict(target_ms).items()}
+    if 1 not in times or any(n < 1 or not t > 0 for n, t in times.items()):
+        raise RedwoodError("target_ms needs positive times by tree size n >= 1, including n = 1")
+    return times

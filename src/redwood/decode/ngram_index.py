@@ -1,0 +1,140 @@
+"""An n-gram index over a token stream (prompt + generated text), for deterministic drafts.
+
+`NgramIndex` maps every n-gram (min_n <= n <= max_n) to the stream positions where it *ended*,
+appended as tokens arrive: one dict update per n per token, never a rescan of the context, so a
+long pasted file costs O(len) once and each lookup costs O(max_occurrences * max_length), not
+O(len). `candidates` returns what followed earlier occurrences of the current suffix;
+`build_trie` merges them into the tree a drafter proposes (docs/design.md §4.5).
+
+Pure python: no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What followed earlier occurrences of the current suffix.
+
+    tokens: the continuation (as long as the text allows, up to max_length);
+    match: the longest suffix match among its occurrences (min_n..max_n);
+    count: how many considered occurrences it followed;
+    last: the end position of its most recent occurrence (larger = more recent)."""
+    tokens: tuple[int, ...]
+    match: int
+    count: int
+    last: int
+
+    def rank_key(self):
+        """Sort key, best first: longer match, then more often, then more recently."""
+        return (-self.match, -self.count, -self.last)
+
+
+class NgramIndex:
+    """positions[n][gram] = end positions (ascending) of every occurrence of the n-gram `gram`.
+
+    Which occurrences a lookup considers (the definition the brute-force test replays): for
+    n = max_n down to min_n, take the `max_occurrences` most recent occurrences of the last n
+    tokens that end before the last token; skip those already taken at a longer n. An
+    occurrence's match length is the n at which it was taken (its longest match, <= max_n).
+    """
+
+    def __init__(self, min_n: int = 1, max_n: int = 6, max_occurrences: int = 32):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        if max_occurrences < 1:
+            raise ValueError(f"max_occurrences must be >= 1, got {max_occurrences}")
+        self.min_n, self.max_n, self.max_occurrences = min_n, max_n, max_occurrences
+        self.tokens: list[int] = []
+        self.positions: dict[int, dict[tuple[int, ...], list[int]]] = {
+            n: {} for n in range(min_n, max_n + 1)}
+        self.entries = 0                  # positions stored in all: linear in len(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Add one token: record the n-grams ending at it (O(max_n^2) work, whatever the length)."""
+        self.tokens.append(int(token))
+        end = len(self.tokens) - 1
+        for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+            gram = tuple(self.tokens[end - n + 1:])
+            self.positions[n].setdefault(gram, []).append(end)
+            self.entries += 1
+
+    def occurrences(self) -> list[tuple[int, int]]:
+        """(end position, match length) of the considered earlier occurrences of the suffix,
+        longest match first, most recent first within a length."""
+        tokens, last = self.tokens, len(self.tokens) - 1
+        taken: set[int] = set()
+        found = []
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            ends = self.positions[n].get(tuple(tokens[len(tokens) - n:]), [])
+            # ends[-1] is the suffix itself (it ends at `last`): the K before it.
+            recent = ends[-self.max_occurrences - 1:-1] if ends and ends[-1] == last else []
+            for end in reversed(recent):
+                if end not in taken:
+                    taken.add(end)
+                    found.append((end, n))
+        return found
+
+    def candidates(self, max_continuations: int, max_length: int) -> list[Continuation]:
+        """The best `max_continuations` distinct continuations of the current suffix, each
+        the up-to-`max_length` tokens that followed an occurrence; ranked by match length,
+        then count, then recency (`Continuation.rank_key`). Empty when nothing matches."""
+        if max_continuations < 1 or max_length < 1:
+            return []
+        return rank_continuations(self.tokens, self.occurrences(), max_continuations, max_length)
+
+
+def rank_continuations(tokens, occurrences, max_continuations: int,
+                       max_length: int) -> list[Continuation]:
+    """Group occurrences [(end, match)] by what followed them; rank the groups."""
+    groups: dict[tuple[int, ...], list[int]] = {}    # continuation -> [match, count, last]
+    for end, match in occurrences:
+        follow = tuple(tokens[end + 1:end + 1 + max_length])
+        stats = groups.get(follow)
+        if stats is None:
+            groups[follow] = [match, 1, end]
+        else:
+            stats[0], stats[1], stats[2] = max(stats[0], match), stats[1] + 1, max(stats[2], end)
+    ranked = sorted((Continuation(follow, *stats) for follow, stats in groups.items()),
+                    key=Continuation.rank_key)
+    return ranked[:max_continuations]
+
+
+@dataclass
+class TrieNode:
+    """One proposed token. depth: edges from the root (root 0); rank: 1-based among its
+    siblings; match: the match length of the best continuation through it."""
+    token: int
+    parent: int
+    depth: int
+    rank: int
+    match: int
+    children: list[int] = field(default_factory=list)
+
+
+def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
+    """Merge continuations (best first) into a trie below `root`: node 0 is the root, and a
+    node's children are the distinct next tokens in the rank order of the best continuation
+    that reaches each. Nodes are numbered in insertion order (parents before children), not
+    BFS order; a drafter renumbers the subtree it keeps."""
+    nodes = [TrieNode(int(root), -1, 0, 0, 0)]
+    for continuation in continuations:
+        at = 0
+        for token in continuation.tokens:
+            nxt = next((c for c in nodes[at].children if nodes[c].token == token), None)
+            if nxt is None:
+                nxt = len(nodes)
+                parent = nodes[at]
+                nodes.append(TrieNode(token, at, parent.depth + 1, len(parent.children) + 1,
+                                      continuation.match))
+                parent.children.append(nxt)
+            at = nxt
+    return nodes

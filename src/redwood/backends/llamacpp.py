@@ -86,6 +86,8 @@ class LlamaCppBackend:
     plus tentative nodes); n_seq_max: the most leaves a tree may have; n_batch: the most tokens
     per decode (trees larger than this are refused by check_tree)."""
 
+    kind = "llamacpp"
+
     def __init__(self, path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_seq_max: int = 64, n_batch: int = 512):
         self._model = self._ctx = self._batch = None

@@ -27,6 +27,7 @@ class ModelConfig:
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
+    drafter: str = "model"             # "model": the draft model; "ngram": prompt lookup (free drafts)
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -68,7 +69,9 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                          dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,
                          progress=progress, fast_linear=fast_linear)
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
-    if bundle is not None and not config.bundle_latencies:
+    if config.drafter == "ngram":
+        use_ngram_drafter(engine, progress)
+    elif bundle is not None and not config.bundle_latencies:
         from redwood.measure.machine_profile import machine_profile
 
         # This machine's costs: plan the bundle's acceptance vectors for them, and govern
@@ -77,6 +80,17 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                                          progress=progress)
         engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config)(temperature)
     return engine, loaded.tokenizer
+
+
+def use_ngram_drafter(engine, progress: bool = True) -> None:
+    """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
+    model on this machine's t(n) (measured once, cached) and governed like any other."""
+    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+    from redwood.measure.machine_profile import machine_profile
+
+    engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
+    engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms)
+    engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
 
 
 def bundle_drafting(bundle, engine, config: ModelConfig):

@@ -259,3 +259,36 @@ def _check_target_ms(target_ms) -> dict[int, float] | None:
     if 1 not in times or any(n < 1 or not t > 0 for n, t in times.items()):
         raise RedwoodError("target_ms needs positive times by tree size n >= 1, including n = 1")
     return times
+
+
+def ngram_budget_tree(depth: int = 16, branches: int = 8, branch_depth: int = 2) -> Tree:
+    """The limits an n-gram drafter works within, as a tree for the engine's checks: one
+    chain `depth` deep (long copies) plus `branches - 1` short side chains (other
+    continuations). Only its node count, leaf count and depth matter to NgramDrafter; the
+    per-step size comes from its cost model."""
+    parents = [-1] + list(range(depth - 1))                  # the main chain: nodes 0..depth-1
+    level1 = []
+    for _ in range(branches - 1):                            # side children of the root
+        parents.append(0)
+        level1.append(len(parents) - 1)
+    for _ in range(branch_depth - 1):
+        nxt = []
+        for u in level1:
+            parents.append(u)
+            nxt.append(len(parents) - 1)
+        level1 = nxt
+    return Tree(_bfs(parents), {"kind": "ngram budget", "depth": depth, "branches": branches})
+
+
+def _bfs(parents: list[int]) -> list[int]:
+    """The same tree renumbered breadth-first (Tree requires parents before children, by level)."""
+    children = [[] for _ in parents]
+    for v, p in enumerate(parents[1:], start=1):
+        children[p].append(v)
+    order, queue = [], [0]
+    while queue:
+        u = queue.pop(0)
+        order.append(u)
+        queue.extend(children[u])
+    index = {u: i for i, u in enumerate(order)}
+    return [-1] + [index[parents[u]] for u in order[1:]]

@@ -89,7 +89,8 @@ def _measure(target, draft, sizes, progress) -> Profile:
     room = min(b.max_positions or 10**9 for b in (target, draft))
     sizes = [n for n in sizes if QUICK["context"] + n + 8 <= room] or [1]
     return profile_latency(target, draft, context=QUICK["context"], budgets=sizes,
-                           repeats=QUICK["repeats"], warmup=QUICK["warmup"], progress=progress)
+                           repeats=QUICK["repeats"], warmup=QUICK["warmup"], progress=progress,
+                           statistic="min")
 
 
 def _load_matching(path: Path, key: dict) -> Profile | None:

@@ -11,7 +11,10 @@ METHOD_LABELS = {"autoregressive": "autoregressive (redwood)", "hf_generate": "H
                  "specinfer": "specinfer", "sequoia": "sequoia",
                  "llamacpp_plain": "plain llama.cpp (Llama.generate)",
                  "sequoia_fixed": "sequoia (fixed tree, untuned)",
-                 "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
+                 "llamacpp_prompt_lookup": "llama.cpp prompt lookup",
+                 "llamacpp_prompt_lookup_best": "llama.cpp prompt lookup (best k)",
+                 "sequoia_governed": "sequoia (re-planned, governed)",
+                 "ngram": "n-gram (governed)"}
 
 
 def cpu_cores() -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redwood.bench.methods import METHODS, allowed_methods, default_methods, parse_specinfer_grid
+from redwood.bench.methods import (LOOKUP_GRID, METHODS, allowed_methods, default_methods,
+                                   parse_specinfer_grid)
+from redwood.bench.prompt_sets import PROMPT_SETS, check_prompt_sets
 from redwood.errors import RedwoodError
 
 # The full specification; anything less is listed as a reduction in the output
@@ -22,6 +24,8 @@ class BenchConfig:
     temperatures: tuple = (0.0, 0.6, 1.0)
     top_ps: tuple = (1.0, 0.9)
     methods: tuple = METHODS
+    prompt_sets: tuple = ("humaneval",)   # bench.prompt_sets.PROMPT_SETS, each `prompts` long
+    lookup_grid: tuple = LOOKUP_GRID      # num_pred_tokens for llamacpp_prompt_lookup_best
     hf_constant_grid: tuple = (2, 3, 4, 6, 8)
     specinfer_grid: tuple = ((2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (4, 2))
     select_prompts: int = 1            # calibration-split prompts for grid choices (0: planner)
@@ -48,6 +52,11 @@ class BenchConfig:
         if self.prompts > len(EVALUATION):
             raise RedwoodError(f"--prompts {self.prompts}: the evaluation split has only "
                                f"{len(EVALUATION)} prompts")
+        self.prompt_sets = check_prompt_sets(self.prompt_sets)
+        for k in self.lookup_grid:
+            _positive(k, "--lookup-grid entries")
+        if not self.lookup_grid:
+            raise RedwoodError("--lookup-grid is empty; give num_pred_tokens values like 2 4 10")
         _positive(self.select_tokens, "--select-tokens")
         if isinstance(self.select_prompts, bool) or not isinstance(self.select_prompts, int) \
                 or not 0 <= self.select_prompts <= 40:
@@ -92,6 +101,10 @@ class BenchConfig:
                        "not a measurement)")
         if self.prompts < FULL_SPEC["prompts"]:
             out.append(f"{self.prompts} prompts instead of {FULL_SPEC['prompts']}")
+        if self.backend == "llamacpp":
+            missing = [s for s in PROMPT_SETS if s not in self.prompt_sets]
+            if missing:
+                out.append(f"prompt sets {', '.join(missing)} not run")
         if self.max_new_tokens < FULL_SPEC["max_new_tokens"]:
             out.append(f"{self.max_new_tokens} new tokens instead of {FULL_SPEC['max_new_tokens']}")
         full = {**FULL_SPEC, "methods": default_methods(self.backend)}
@@ -136,7 +149,8 @@ def config_from_options(quick: bool, **options) -> BenchConfig:
     for key, value in options.items():
         if value is None:
             continue
-        if key in ("temperatures", "top_ps", "methods", "hf_constant_grid"):
+        if key in ("temperatures", "top_ps", "methods", "hf_constant_grid", "prompt_sets",
+                   "lookup_grid"):
             value = tuple(value)
         setattr(base, key, value)
     base.check()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from redwood.bench.common import METHOD_LABELS
 
-REDWOOD = ("autoregressive", "chain", "specinfer", "sequoia", "sequoia_fixed", "sequoia_adaptive")
+REDWOOD = ("autoregressive", "chain", "specinfer", "sequoia", "sequoia_fixed", "sequoia_adaptive",
+           "sequoia_governed", "ngram")
 
 
 def _fmt(value, pattern="{:.2f}", missing="–") -> str:
@@ -23,14 +24,16 @@ def caption(doc: dict) -> str:
             "tokens). × plain = plain llama.cpp's time / the method's on the same prompt (> 1 is "
             "faster): median, and the worst prompt. Decode tokens/s, the time split and "
             "other / decode (time outside the model forwards over decode time: the engine's "
-            "overhead) exclude prefill.")
+            "overhead) exclude prefill. By source: tokens per target forward made by the target "
+            "itself (one per forward) and accepted from each drafter (model or n-gram), pooled; "
+            "for governed methods also the share of steps the governor ran plain.")
 
 
 def results_table(rows) -> list[str]:
     lines = ["| method | config | T | top_p | end-to-end s | × plain (median) | × plain (worst) | "
-             "prefill s | decode tokens/s | tokens/step | predicted | "
+             "prefill s | decode tokens/s | tokens/step | by source | predicted | "
              "time % target / draft / other | other / decode | greedy = plain | greedy = AR |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["time_split"]
         split = f"{100 * s['target']:.0f} / {100 * s['draft']:.0f} / {100 * s['other']:.0f}"
@@ -39,11 +42,20 @@ def results_table(rows) -> list[str]:
             f"{r['temperature']:g} | {r['top_p']:g} | {_fmt(r['end_to_end_seconds'], '{:.3f}')} | "
             f"{_fmt(r['speedup_vs_plain_llamacpp'])} | "
             f"{_fmt(r['speedup_vs_plain_llamacpp_min'])} | {r['prefill_seconds']:.3f} | "
-            f"{r['tokens_per_second']:.2f} | {r['tokens_per_step']:.2f} | "
+            f"{r['tokens_per_second']:.2f} | {r['tokens_per_step']:.2f} | {by_source(r)} | "
             f"{_fmt(r['predicted_tokens_per_step'])} | {split} | "
             f"{100 * r['overhead_share']:.1f}% | {_yes(r.get('greedy_matches_plain_llamacpp'))} | "
             f"{_yes(r['greedy_matches_autoregressive'])} |")
     return lines
+
+
+def by_source(row) -> str:
+    """'1.00 target + 1.31 ngram; 20% steps plain' from a summary row."""
+    split = row.get("tokens_per_step_by_source") or {}
+    text = " + ".join(f"{value:.2f} {name}" for name, value in split.items()) or "–"
+    if row.get("governor_plain_share") is not None:
+        text += f"; {100 * row['governor_plain_share']:.0f}% steps plain"
+    return text
 
 
 def goal_lines(rows) -> list[str]:
@@ -77,10 +89,19 @@ def goal_lines(rows) -> list[str]:
                 text += (f", tokens/step {r['tokens_per_step']:.2f} vs predicted "
                          f"{r['predicted_tokens_per_step']:.2f} ({100 * error:+.0f}%)")
             parts.append(text)
-        if "llamacpp_prompt_lookup" in here:
-            r = here["llamacpp_prompt_lookup"]
-            parts.append(f"llama.cpp prompt lookup {_ratio(r)}, {r['tokens_per_step']:.2f} "
-                         "tokens/step")
+        for method, what in (("sequoia_governed", "governed sequoia (generate's default)"),
+                             ("ngram", "n-gram drafter (governed)")):
+            r = here.get(method)
+            if r is not None:
+                parts.append(f"{what} {_ratio(r)}, {r['tokens_per_step']:.2f} tokens/step "
+                             f"({by_source(r)})")
+        for method, what in (("llamacpp_prompt_lookup", "llama.cpp prompt lookup"),
+                             ("llamacpp_prompt_lookup_best",
+                              "llama.cpp prompt lookup at its best")):
+            r = here.get(method)
+            if r is not None:
+                parts.append(f"{what} ({r['config']}) {_ratio(r)}, {r['tokens_per_step']:.2f} "
+                             "tokens/step")
         lines.append(f"- **T={t:g}, top_p={p:g}**: " + "; ".join(parts))
     return lines
 
@@ -127,6 +148,28 @@ def notes(config) -> list[str]:
         "(docs/design.md §5.3), so a speculative method, which verifies several tokens per "
         "forward, may break a near-tie the other way on a real model: a 'no' there is a fork "
         "at a near-tie, not a verification error (the tiny-model tests check exact equality)",
+        "prompt sets (one table each): humaneval = raw completion prompts of HumanEval's "
+        "evaluation split; whole_file / mixed / low_copy = the input-grounded edit tasks of "
+        "redwood.edit_tasks (a whole module with one function renamed / type hints and a "
+        "docstring added / every variable renamed), each one user message in the tokenizer's "
+        "chat template (raw text where the tokenizer has none: see below)",
+        "sequoia_governed: what `redwood generate` runs by default: the tuned bundle's acceptance "
+        "vectors re-planned for this machine's first-use profile (adaptive where the bundle "
+        "has adaptive trees), each request governed by that profile (it drafts only while "
+        "drafting pays on that request); sequoia is the bundle's own tree, ungoverned",
+        "ngram: redwood's n-gram (prompt-lookup) drafter alone, point-mass proposals verified "
+        "exactly, each step's tree sized by its cost model on this machine's t(n), governed "
+        "by the same profile; a fresh drafter per request (its acceptance model starts from "
+        "its priors each time)",
+        "llamacpp_prompt_lookup_best: llama-cpp-python's prompt lookup at the num_pred_tokens "
+        f"of the grid {{{', '.join(map(str, config.lookup_grid))}}} with the shortest "
+        "end-to-end time on the FIRST prompt of each prompt set (at each setting; that prompt "
+        "is also measured, which favours this method slightly), then run on every prompt of "
+        "the set; llamacpp_prompt_lookup is its default, num_pred_tokens=10",
+        "by source: the target makes one token per forward (the bonus, or the token of a plain "
+        "step); the tokens beyond that were drafted and accepted, credited to their source "
+        "(model: the draft model; ngram: redwood's n-gram drafter or llama-cpp-python's "
+        "prompt lookup); for Llama the forwards include the prompt's evaluation",
         "ratios are medians over prompts of per-prompt ratios, with the worst prompt; methods "
         "interleaved per prompt in a rotating order; greedy (T = 0) ignores top_p and runs "
         "once, at the largest top_p",

@@ -101,10 +101,17 @@ class _TimedProposer:
             self.seconds += time.perf_counter() - start
 
 
-def llama_runner(model: HighLevelLlama):
-    """Runner for `Llama.generate` on `model` (see the module doc)."""
+def llama_runner(model: HighLevelLlama, num_pred_tokens: int | None = None):
+    """Runner for `Llama.generate` on `model` (see the module doc). With prompt lookup,
+    `num_pred_tokens` (default: the model's) is set on its LlamaPromptLookupDecoding before
+    each run, so one `Llama` serves every grid entry."""
+    if num_pred_tokens is not None and model.draft is None:
+        raise RedwoodError("num_pred_tokens applies to a prompt-lookup Llama")
+
     def run(input_ids, setting: Setting, seed: int, max_new_tokens: int) -> Measurement:
         llm, draft = model.llm, model.draft
+        if draft is not None:
+            draft.inner.num_pred_tokens = int(num_pred_tokens or model.prompt_lookup)
         ids = [int(t) for t in input_ids]
         llm.reset()                      # no prefix reuse: every run evaluates its whole prompt
         llm.set_seed(int(seed))
@@ -133,7 +140,7 @@ def llama_runner(model: HighLevelLlama):
             prefill_seconds=prefill, prefill_estimated=False, target_forwards=len(evals),
             draft_forwards=draft.calls if draft is not None else 0, target_seconds=target,
             draft_seconds=drafted, other_seconds=max(decode - target - drafted, 0.0),
-            end_to_end_seconds=wall)
+            end_to_end_seconds=wall, draft_source="ngram" if draft is not None else None)
     return run
 
 

@@ -18,18 +18,22 @@ On the llama.cpp backend (LLAMACPP_METHODS) the baselines are llama-cpp-python's
 (bench.llamacpp_runners):
 - llamacpp_plain: its high-level `Llama.generate` on the target alone;
 - llamacpp_prompt_lookup: the same with its prompt-lookup speculative decoding
-  (`LlamaPromptLookupDecoding`, num_pred_tokens=10, its default).
+  (`LlamaPromptLookupDecoding`, num_pred_tokens=10, its default);
+- llamacpp_prompt_lookup_best: the same at the best num_pred_tokens of a small grid,
+  chosen per prompt set on its first prompt (bench.user_methods).
+and redwood's defaults for a user on this machine (bench.user_methods): `ngram` (the n-gram
+drafter, governed) and `sequoia_governed` (the tuned bundle re-planned for this machine's
+profile, governed).
 Grid choices are made per setting, measured on calibration-split prompts (never on the
 evaluation prompts), or by the planner's objective when `select_prompts` is 0.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from typing import Callable
 
 from redwood.bench.inputs import Pair, PlanInputs, predicted_rate
 from redwood.bench.runners import AssistantSchedule, Setting, hf_runner, redwood_runner
+from redwood.bench.specs import MethodSpec, Selection
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, specinfer
 
@@ -37,7 +41,9 @@ METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_
            "chain", "specinfer", "sequoia", "sequoia_adaptive")
 HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
 LLAMACPP_METHODS = ("llamacpp_plain", "autoregressive", "chain", "specinfer", "sequoia",
-                    "sequoia_fixed", "llamacpp_prompt_lookup")
+                    "sequoia_fixed", "sequoia_governed", "ngram", "llamacpp_prompt_lookup",
+                    "llamacpp_prompt_lookup_best")
+LOOKUP_GRID = (2, 4, 10)         # num_pred_tokens tried for llamacpp_prompt_lookup_best
 
 
 def default_methods(backend: str = "hf") -> tuple[str, ...]:
@@ -52,40 +58,15 @@ def allowed_methods(backend: str = "hf") -> tuple[str, ...]:
     return METHODS + ("sequoia_fixed",)
 
 
-@dataclass
-class MethodSpec:
-    """One method, configured for one setting."""
-    method: str
-    config: str                          # e.g. "n=4 d=4", "k=4", "2x3", "default"
-    run: Callable
-    predicted: float | None = None       # planner-predicted tokens per target forward
-    tree: Tree | None = None
-    chosen_by: str = ""                  # how the tree / schedule was chosen
-    vector: str = ""                     # which acceptance vector the prediction used
-
-
-@dataclass
-class Selection:
-    """A grid choice and the numbers behind it."""
-    method: str
-    setting: Setting
-    by: str
-    candidates: list[dict] = field(default_factory=list)
-    chosen: str = ""
-
-    def as_dict(self) -> dict:
-        return {"method": self.method, "temperature": self.setting.temperature,
-                "top_p": self.setting.top_p, "by": self.by, "chosen": self.chosen,
-                "candidates": self.candidates}
-
-
 class MethodFactory:
     """Builds the MethodSpecs of each setting; engines are shared per distinct tree."""
 
     def __init__(self, pair: Pair, inputs: PlanInputs, hf_grid, specinfer_grid,
                  select_prompts: list, select_tokens: int, seed: int,
-                 fixed_tree: str | None = None):
+                 fixed_tree: str | None = None, lookup_grid=LOOKUP_GRID, lookup_tokens: int = 32):
         self.pair, self.inputs = pair, inputs
+        self.lookup_grid, self.lookup_tokens = tuple(lookup_grid), int(lookup_tokens)
+        self._profile = None                     # this machine's profile, measured on first use
         self.hf_grid, self.specinfer_grid = list(hf_grid), list(specinfer_grid)
         self.select_prompts, self.select_tokens, self.seed = select_prompts, select_tokens, seed
         self.fixed_tree = fixed_tree             # tree JSON for sequoia_fixed (None: default)
@@ -102,18 +83,44 @@ class MethodFactory:
     def engine(self, tree: Tree):
         from redwood.decode.engine import Engine
 
-        key = tuple(tree.parents)
+        return self.cached_engine(tuple(tree.parents),
+                                  lambda: Engine(self.pair.target, self.pair.draft, tree))
+
+    def cached_engine(self, key, build):
+        """The engine built by build() for `key`, made once (bench.user_methods)."""
         if key not in self._engines:
-            self._engines[key] = Engine(self.pair.target, self.pair.draft, tree)
+            self._engines[key] = build()
         return self._engines[key]
 
-    def specs(self, setting: Setting, methods) -> list[MethodSpec]:
+    def machine_profile(self):
+        """This machine's latency profile (measure.machine_profile: cached across runs)."""
+        if self._profile is None:
+            from redwood.measure.machine_profile import machine_profile
+
+            self._profile = machine_profile(self.pair.target, self.pair.draft)
+        return self._profile
+
+    def machine_profile_source(self) -> str:
+        sizes = sorted(self.machine_profile().target_ms)
+        return (f"this machine's first-use profile, t(n) for n = {sizes[0]}..{sizes[-1]}, "
+                f"t(1) = {self.machine_profile().target_ms[sizes[0]]:.1f} ms")
+
+    def specs(self, setting: Setting, methods, prompt_set: str | None = None,
+              first=None) -> list[MethodSpec]:
+        """The methods' specs at `setting` for `prompt_set`, whose first prompt is `first`
+        = (ids, seed) (the prompt-lookup grid is chosen on it)."""
+        from redwood.bench import user_methods
+
         build = {"autoregressive": self._autoregressive, "hf_generate": self._hf_generate,
                  "hf_assisted_default": self._hf_default, "hf_assisted_constant": self._hf_constant,
                  "chain": self._chain, "specinfer": self._specinfer, "sequoia": self._sequoia,
                  "sequoia_adaptive": self._sequoia_adaptive, "sequoia_fixed": self._sequoia_fixed,
                  "llamacpp_plain": self._llamacpp_plain,
-                 "llamacpp_prompt_lookup": self._llamacpp_prompt_lookup}
+                 "llamacpp_prompt_lookup": self._llamacpp_prompt_lookup,
+                 "ngram": lambda s: user_methods.ngram_spec(self, s),
+                 "sequoia_governed": lambda s: user_methods.sequoia_governed_spec(self, s),
+                 "llamacpp_prompt_lookup_best":
+                     lambda s: user_methods.lookup_best_spec(self, s, prompt_set, first)}
         return [build[m](setting) for m in methods]
 
     def high_level_llama(self, kind: str):

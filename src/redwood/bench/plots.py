@@ -32,6 +32,13 @@ def _settings(rows):
     return sorted({(r["temperature"], r["top_p"]) for r in rows})
 
 
+def _groups(rows):
+    """(prompt set, T, top_p) in the rows' order of sets, then by setting."""
+    sets = list(dict.fromkeys(r.get("prompt_set", "humaneval") for r in rows))
+    return [(s, t, p) for s in sets for t, p in _settings(
+        [r for r in rows if r.get("prompt_set", "humaneval") == s])]
+
+
 def _methods(rows):
     order = list(METHOD_LABELS)
     return sorted({r["method"] for r in rows}, key=lambda m: order.index(m) if m in order else 99)
@@ -43,20 +50,22 @@ def _speedup(plt, rows, doc):
         key, label = "speedup_vs_plain_llamacpp", "end-to-end speedup vs plain llama.cpp (median)"
     if all(r.get(key) is None for r in rows):
         return None
-    settings, methods = _settings(rows), _methods(rows)
+    settings, methods = _groups(rows), _methods(rows)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(settings)), 4))
     width = 0.8 / len(methods)
     for j, method in enumerate(methods):
         values = []
-        for t, p in settings:
+        for s, t, p in settings:
             match = [r for r in rows if (r["temperature"], r["top_p"]) == (t, p)
-                     and r["method"] == method]
+                     and r.get("prompt_set", "humaneval") == s and r["method"] == method]
             values.append(match[0][key] or 0 if match else 0)
         ax.bar([i + j * width for i in range(len(settings))], values, width,
                label=METHOD_LABELS.get(method, method))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(settings))])
-    ax.set_xticklabels([f"T={t:g}\ntop_p={p:g}" for t, p in settings])
+    several = len({s for s, _, _ in settings}) > 1
+    ax.set_xticklabels([(f"{s}\n" if several else "") + f"T={t:g}\ntop_p={p:g}"
+                        for s, t, p in settings])
     ax.set_ylabel(label)
     ax.set_title(f"redwood bench: {doc['machine']}")
     ax.legend(fontsize=7, ncol=2)
@@ -107,7 +116,8 @@ def _time_split(plt, rows, doc):
         widths = [r["ms_per_token"] * r["time_split"][part] for r in rows]
         ax.barh(range(len(rows)), widths, left=left, color=color, label=part)
         left = [a + b for a, b in zip(left, widths)]
-    labels = [f"{r['method']} {r['config']} T={r['temperature']:g} p={r['top_p']:g}" for r in rows]
+    labels = [f"{r.get('prompt_set', 'humaneval')}: {r['method']} {r['config']} "
+              f"T={r['temperature']:g} p={r['top_p']:g}" for r in rows]
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(labels, fontsize=6)
     ax.invert_yaxis()

@@ -93,27 +93,13 @@ def markdown(doc: dict) -> str:
     lines.append("Reduced versus the issue's full specification (20 prompts, 128 tokens, "
                  "T in {0, 0.6, 1.0}, top_p in {1.0, 0.9}, all methods, grids):")
     lines += [f"- {r}" for r in doc["reductions"]] or ["- nothing: full specification"]
-    if llamacpp:
-        lines += ["", "## Results", "", llamacpp_report.caption(doc), ""]
-        lines += llamacpp_report.results_table(doc["summary"])
-        goals = llamacpp_report.goal_lines(doc["summary"])
-    else:
-        lines += ["", "## Results", ""] + results_table(doc["summary"])
-        goals = goal_lines(doc["summary"])
-    if goals:
-        lines += ["", "## Against the goals", ""] + goals
+    lines += _results_section(doc, llamacpp)
     lines += ["", "## How each method was configured", ""]
-    for r in doc["summary"]:
-        if r["method"] not in ("autoregressive", "hf_generate") or \
-                (llamacpp and r["method"] == "autoregressive"):
-            lines.append(f"- {r['method']} at T={r['temperature']:g}, top_p={r['top_p']:g}: "
-                         f"{r['config']} ({r['chosen_by']})")
+    lines += _configured(doc, llamacpp)
     for sel in doc["selections"]:
-        cells = ", ".join(f"{c['config']}: " + (
-            f"{c['tokens_per_second']:.2f} tok/s" if "tokens_per_second" in c
-            else f"{_fmt(c['predicted_tokens_per_second'])} tok/s predicted")
-            for c in sel["candidates"])
-        lines.append(f"- grid for {sel['method']} at T={sel['temperature']:g}, "
+        cells = ", ".join(f"{c['config']}: " + _candidate(c) for c in sel["candidates"])
+        where = f" on {sel['prompt_set']}" if sel.get("prompt_set") else ""
+        lines.append(f"- grid for {sel['method']}{where} at T={sel['temperature']:g}, "
                      f"top_p={sel['top_p']:g}: {cells} -> {sel['chosen']}")
     lines += ["", "## Acceptance vectors used", ""]
     for v in doc["vectors"]:
@@ -126,20 +112,96 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _configured(doc: dict, llamacpp: bool) -> list[str]:
+    """One line per method x setting x configuration (the prompt sets it applies to named
+    when there are several and they differ)."""
+    sets: dict[tuple, list[str]] = {}
+    for r in doc["summary"]:
+        if r["method"] not in ("autoregressive", "hf_generate") or \
+                (llamacpp and r["method"] == "autoregressive"):
+            key = (r["method"], r["temperature"], r["top_p"], r["config"], r["chosen_by"])
+            sets.setdefault(key, []).append(r.get("prompt_set", "humaneval"))
+    every = len(doc.get("prompt_sets") or {}) <= 1
+    lines = []
+    for (method, t, p, config, how), names in sets.items():
+        where = "" if every or len(names) == len(doc["prompt_sets"]) else \
+            f" on {', '.join(names)}"
+        lines.append(f"- {method}{where} at T={t:g}, top_p={p:g}: {config} ({how})")
+    return lines
+
+
+def _candidate(c: dict) -> str:
+    if "tokens_per_second" in c:
+        return f"{c['tokens_per_second']:.2f} tok/s"
+    if "end_to_end_seconds" in c:
+        return f"{c['end_to_end_seconds']:.3f} s end to end"
+    return f"{_fmt(c['predicted_tokens_per_second'])} tok/s predicted"
+
+
+def _set_title(name: str, info: dict | None) -> str:
+    if not info:
+        return name
+    low, high = min(info["prompt_tokens"]), max(info["prompt_tokens"])
+    count = info["prompts"]
+    return (f"{name} ({count} prompt{'s' if count != 1 else ''}, {info['encoding']} encoding, "
+            f"{low if low == high else f'{low}-{high}'} prompt tokens)")
+
+
+def _results_section(doc: dict, llamacpp: bool) -> list[str]:
+    """## Results (one table per prompt set, under its own heading when there are several
+    sets or the set is not HumanEval) and ## Against the goals (per set)."""
+    sets = doc.get("prompt_sets") or {}
+    names = list(dict.fromkeys(r.get("prompt_set", "humaneval") for r in doc["summary"]))
+    titled = len(names) > 1 or names != ["humaneval"]
+    lines = ["", "## Results", ""] + ([llamacpp_report.caption(doc), ""] if llamacpp else [])
+    goals = []
+    for name in names:
+        rows = [r for r in doc["summary"] if r.get("prompt_set", "humaneval") == name]
+        if titled:
+            lines += [f"### {_set_title(name, sets.get(name))}", ""]
+        lines += (llamacpp_report.results_table(rows) if llamacpp else results_table(rows))
+        lines.append("")
+        mine = llamacpp_report.goal_lines(rows) if llamacpp else goal_lines(rows)
+        goals += [f"- *{name}*: {g.removeprefix('- ')}" if titled else g for g in mine]
+    lines.pop()
+    if goals:
+        lines += ["", "## Against the goals", ""] + goals
+    return lines
+
+
 # --- summary ------------------------------------------------------------------------------
 
 def summarize(report: dict) -> list[dict]:
-    """One row per method x setting, computed from the per-prompt records."""
+    """One row per prompt set x method x setting, computed from the per-prompt records
+    (report["specs"] is keyed by (prompt set, setting))."""
     rows = []
-    for setting in report["settings"]:
+    for (prompt_set, setting), specs in report["specs"].items():
         here = [r for r in report["records"] if r["temperature"] == setting.temperature
-                and r["top_p"] == setting.top_p]
+                and r["top_p"] == setting.top_p
+                and r.get("prompt_set", "humaneval") == prompt_set]
         by_method = {}
         for r in here:
             by_method.setdefault(r["method"], {})[r["prompt"]] = r
-        for spec in report["specs"][setting]:
-            rows.append(_row(spec, setting, by_method))
+        for spec in specs:
+            rows.append({"prompt_set": prompt_set, **_row(spec, setting, by_method)})
     return rows
+
+
+def _by_source(records) -> dict:
+    """Tokens per target forward split by who made them (pooled): the target's own token of
+    each forward, and the drafted tokens it accepted, under their source ("model" or
+    "ngram"); the share of steps a governor ran plain."""
+    forwards = max(1, sum(r["target_forwards"] for r in records))
+    sources = {r.get("draft_source") for r in records} - {None}
+    kept = sum(r.get("draft_tokens_kept") or 0 for r in records)
+    total = sum(r["new_tokens"] for r in records)
+    split = {"target": (total - kept) / forwards}
+    for source in sorted(sources):
+        split[source] = sum(r.get("draft_tokens_kept") or 0 for r in records
+                            if r.get("draft_source") == source) / forwards
+    plain = [r.get("governor_plain_steps") for r in records]
+    share = (sum(plain) / forwards) if plain and all(x is not None for x in plain) else None
+    return {"tokens_per_step_by_source": split, "governor_plain_share": share}
 
 
 def _row(spec, setting, by_method) -> dict:
@@ -161,6 +223,7 @@ def _row(spec, setting, by_method) -> dict:
         "greedy_matches_autoregressive": all(matches) if matches else None,
         "chosen_by": spec.chosen_by, "acceptance_vector": spec.vector,
         "tree_parents": spec.tree.parents if spec.tree is not None else None,
+        **_by_source(list(mine.values())),
         **_end_to_end(mine, by_method),
     }
 
@@ -253,9 +316,11 @@ def _document(report, summary, stem) -> dict:
         "config": {k: v for k, v in asdict(config).items() if k not in ("notes",)},
         "reductions": config.reductions(),
         "notes": (llamacpp_report.notes(config) if getattr(config, "backend", "hf") == "llamacpp"
-                  else _notes(config)) + list(config.notes) + inputs.notes,
+                  else _notes(config)) + list(config.notes) + inputs.notes
+                 + list(report.get("notes", [])),
         "profile": inputs.profile_source, "vectors": vectors,
         "selections": report["selections"], "raw": f"{stem}.raw.json",
+        "prompt_sets": report.get("prompt_sets", {}),
         "load_average_1min": _load_summary(report.get("load_averages", [])),
         "summary": summary,
     }

@@ -1,7 +1,8 @@
 """`redwood bench`: redwood's methods against the `transformers` baselines (or, with
 `--backend llamacpp`, against llama-cpp-python's own `Llama` generation and prompt lookup, see
-bench.llamacpp_runners) on the HumanEval evaluation split (disjoint from the calibration split),
-following docs/design.md §9.
+bench.llamacpp_runners) on the HumanEval evaluation split (disjoint from the calibration split)
+and on input-grounded edit tasks (bench.prompt_sets: one table per prompt set), following
+docs/design.md §9.
 
 Same prompts and the same number of new tokens for every method (EOS ignored), methods
 interleaved per prompt (their order rotating from prompt to prompt), prefill excluded for
@@ -76,7 +77,7 @@ def run_command(config: BenchConfig, model_config=None, acceptance=(), profile=N
         from redwood.bench.report import write_outputs
 
         paths = write_outputs(run_bench(config, pair, inputs))
-        print(Path(paths["markdown"]).read_text().split("## Results", 1)[1].split("##", 1)[0])
+        print(Path(paths["markdown"]).read_text().split("## Results", 1)[1].split("\n## ", 1)[0])
     for path in paths.values():
         print(f"wrote {path}")
     return 0
@@ -103,37 +104,47 @@ def _find_bundle(model_config, backend: str = "hf"):
 # --- the run ------------------------------------------------------------------------------
 
 def run_bench(config: BenchConfig, pair, inputs, progress: bool = True) -> dict:
-    """Benchmark every method at every setting; returns the report dict (see write_outputs)."""
+    """Benchmark every method at every setting on every prompt set; returns the report dict
+    (see write_outputs). report["specs"] is keyed by (prompt set, setting)."""
+    from redwood.bench.prompt_sets import describe_sets, load_prompt_sets
     from redwood.prompts import humaneval_prompts
 
     config.check()
     started = time.perf_counter()
     settings = bench_settings(config)
-    eval_ids = pair.encode(humaneval_prompts("evaluation", limit=config.prompts))
+    prompts, prompt_notes = load_prompt_sets(pair, config.prompt_sets, config.prompts)
     select_ids = pair.encode(humaneval_prompts("calibration", limit=config.select_prompts)) \
         if config.select_prompts else []
     factory = MethodFactory(pair, inputs, config.hf_constant_grid, config.specinfer_grid,
-                            select_ids, config.select_tokens, config.seed, config.fixed_tree)
+                            select_ids, config.select_tokens, config.seed, config.fixed_tree,
+                            config.lookup_grid, config.max_new_tokens)
     try:
-        specs = {s: factory.specs(s, config.methods) for s in settings}
-        _warm_up(specs, eval_ids[0], config.seed)
+        specs = {}
+        for name in config.prompt_sets:
+            first = next(i for i, p in enumerate(prompts) if p.prompt_set == name)
+            for s in settings:
+                specs[(name, s)] = factory.specs(s, config.methods, name,
+                                                 (prompts[first].ids, config.seed + first))
+        _warm_up(specs, prompts[0].ids, config.seed)
         records, loads = [], [os.getloadavg()[0]]
-        total = len(eval_ids) * sum(len(v) for v in specs.values())
-        for i, ids in enumerate(eval_ids):
+        total = len(config.methods) * len(settings) * len(prompts)
+        for i, prompt in enumerate(prompts):
             for setting in settings:
-                records += _run_prompt(i, ids, setting, specs[setting], config)
+                records += _run_prompt(i, prompt, setting, specs[(prompt.prompt_set, setting)],
+                                       config)
                 loads.append(os.getloadavg()[0])
                 if progress:
-                    print(f"bench: prompt {i + 1}/{len(eval_ids)}, {setting.label} done "
-                          f"({len(records)}/{total} runs, {time.perf_counter() - started:.0f} s)",
-                          file=sys.stderr, flush=True)
+                    print(f"bench: prompt {i + 1}/{len(prompts)} ({prompt.name}), {setting.label} "
+                          f"done ({len(records)}/{total} runs, "
+                          f"{time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         runtime = _runtime(pair)
     finally:
         factory.close()
     return {"config": config, "settings": settings, "specs": specs, "records": records,
             "selections": [s.as_dict() for s in factory.selections], "inputs": inputs,
             "pair": pair, "elapsed_seconds": time.perf_counter() - started,
-            "load_averages": loads, "runtime": runtime}
+            "load_averages": loads, "runtime": runtime, "prompt_sets": describe_sets(prompts),
+            "notes": prompt_notes}
 
 
 def _runtime(pair) -> str | None:
@@ -158,7 +169,7 @@ def bench_settings(config: BenchConfig) -> list[Setting]:
 def _warm_up(specs, ids, seed) -> None:
     """One short untimed run of every distinct method configuration (lazy kernels, caches)."""
     seen = set()
-    for setting, items in specs.items():
+    for (_, setting), items in specs.items():
         for spec in items:
             key = (spec.method, spec.config)
             if key not in seen:
@@ -166,8 +177,10 @@ def _warm_up(specs, ids, seed) -> None:
                 spec.run(ids, setting, seed, 4)
 
 
-def _run_prompt(index, ids, setting, specs, config) -> list[dict]:
-    """Every method on one prompt at one setting, in an order rotated by the prompt index."""
+def _run_prompt(index, prompt, setting, specs, config) -> list[dict]:
+    """Every method on one prompt (a prompt_sets.BenchPrompt) at one setting, in an order
+    rotated by the prompt's index over all sets."""
+    ids = prompt.ids
     order = specs[index % len(specs):] + specs[:index % len(specs)]
     seed = config.seed + index
     results = {}
@@ -182,7 +195,9 @@ def _run_prompt(index, ids, setting, specs, config) -> list[dict]:
             same = measurement.tokens == reference[1].tokens
         if setting.temperature == 0 and plain is not None:
             same_plain = measurement.tokens == plain[1].tokens
-        record = {"prompt": index, "prompt_tokens": int(len(ids)), "method": spec.method,
+        record = {"prompt": index, "prompt_set": prompt.prompt_set, "prompt_name": prompt.name,
+                  "prompt_encoding": prompt.encoding, "prompt_tokens": int(len(ids)),
+                  "method": spec.method,
                   "config": spec.config, "temperature": setting.temperature,
                   "top_p": setting.top_p, "seed": seed, "order": position,
                   "greedy_matches_autoregressive": same, **measurement.as_dict()}

@@ -53,6 +53,14 @@ class Measurement:
     other_seconds: float             # decode time outside both models' forwards
     acceptance_by_depth: list[float] = field(default_factory=list)
     end_to_end_seconds: float | None = None   # wall time of the whole call, prefill included
+    draft_source: str | None = None  # who proposed the drafts: "model", "ngram" (None: plain)
+    governor_plain_steps: int | None = None   # steps the governor ran plain (None: ungoverned)
+
+    @property
+    def draft_tokens_kept(self) -> int:
+        """Tokens beyond one per target forward: the drafted tokens the target accepted (each
+        forward makes one token of its own, the bonus or a plain step's token)."""
+        return max(len(self.tokens) - self.target_forwards, 0) if self.draft_source else 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -73,18 +81,23 @@ class Measurement:
                 "tokens_per_second": self.tokens_per_second,
                 "tokens_per_step": self.tokens_per_step,
                 "end_to_end_seconds": self.end_to_end_seconds,
-                "acceptance_by_depth": self.acceptance_by_depth}
+                "acceptance_by_depth": self.acceptance_by_depth,
+                "draft_source": self.draft_source, "draft_tokens_kept": self.draft_tokens_kept,
+                "governor_plain_steps": self.governor_plain_steps}
 
 
 # --- redwood's own methods ----------------------------------------------------------------
 
-def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
+def redwood_runner(engine, method: str, draft_confidence: float = 0.0, source: str = "model"):
     """Runner for Engine.generate with `method` on the engine's tree (EOS ignored).
 
     Plain decoding (autoregressive, or a tree of one node) takes its first token from the
     prefill's last row, so M - 1 tokens are made inside decode_seconds; speculative methods
-    prefill all but the last prompt token and make all M inside it."""
+    prefill all but the last prompt token and make all M inside it. `source` names who
+    drafts ("model" or "ngram"; plain decoding has none). A governed engine (one with a
+    machine profile) also reports how many steps its governor ran plain."""
     plain = method == "autoregressive" or len(engine.tree) == 1
+    governed = not plain and getattr(engine, "profile", None) is not None
 
     def run(input_ids, setting: Setting, seed: int, max_new_tokens: int) -> Measurement:
         start = time.perf_counter()
@@ -100,7 +113,9 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0):
             prefill_estimated=False, target_forwards=stats.target_forwards,
             draft_forwards=stats.draft_forwards, target_seconds=stats.target_seconds,
             draft_seconds=stats.draft_seconds, other_seconds=stats.other_seconds,
-            acceptance_by_depth=stats.acceptance_by_depth(), end_to_end_seconds=wall)
+            acceptance_by_depth=stats.acceptance_by_depth(), end_to_end_seconds=wall,
+            draft_source=None if plain else source,
+            governor_plain_steps=stats.plain_steps if governed else None)
     return run
 
 
@@ -236,5 +251,6 @@ def hf_runner(target, draft=None, schedule: AssistantSchedule | None = None):
             prefill_seconds=prefill_wall + draft_wall, prefill_estimated=True,
             target_forwards=target_timer.calls, draft_forwards=draft_timer.calls,
             target_seconds=target_s, draft_seconds=draft_s,
-            other_seconds=max(decode - target_s - draft_s, 0.0), end_to_end_seconds=wall)
+            other_seconds=max(decode - target_s - draft_s, 0.0), end_to_end_seconds=wall,
+            draft_source="model" if draft is not None else None)
     return run

@@ -279,7 +279,12 @@ def _add_bench(sub):
                    help="tiny random models built in-process: the whole pipeline in seconds")
     p.add_argument("--scaling", action="store_true",
                    help="tokens per target forward vs tree budget 1, 2, 4, ... --max-budget")
-    p.add_argument("--prompts", type=int, default=None, help="evaluation prompts (default 20)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts per prompt set (default 20)")
+    p.add_argument("--prompt-set", nargs="+", default=None, dest="prompt_sets",
+                   metavar="SET",
+                   help="prompt sets, one table each: humaneval (raw completion, the default) "
+                   "and the input-grounded chat edit tasks whole_file, mixed, low_copy")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     p.add_argument("--temperatures", type=float, nargs="+", default=None,
                    help="default 0 0.6 1.0")
@@ -289,8 +294,12 @@ def _add_bench(sub):
                    help="transformers backend: subset of autoregressive hf_generate "
                    "hf_assisted_default hf_assisted_constant chain specinfer sequoia "
                    "sequoia_adaptive (+ sequoia_fixed); llama.cpp backend: of llamacpp_plain "
-                   "autoregressive chain specinfer sequoia sequoia_fixed llamacpp_prompt_lookup "
-                   "(+ sequoia_adaptive) (default: all but the bracketed)")
+                   "autoregressive chain specinfer sequoia sequoia_fixed sequoia_governed ngram "
+                   "llamacpp_prompt_lookup llamacpp_prompt_lookup_best (+ sequoia_adaptive) "
+                   "(default: all but the bracketed)")
+    p.add_argument("--lookup-grid", type=int, nargs="+", default=None, metavar="K",
+                   help="num_pred_tokens tried for llamacpp_prompt_lookup_best on each prompt "
+                   "set's first prompt (default 2 4 10)")
     p.add_argument("--fixed-tree", default=None, metavar="TREE.json",
                    help="the untuned tree of sequoia_fixed (default: the shipped default tree)")
     p.add_argument("--hf-constant-grid", type=int, nargs="+", default=None, metavar="K",
@@ -323,7 +332,8 @@ def _bench_command(args) -> str:
     for key, value in vars(args).items():
         if key in ("func", "verb") or value is None or value is False or value == []:
             continue
-        parts.append("--" + {"top_ps": "top_p"}.get(key, key).replace("_", "-"))
+        parts.append("--" + {"top_ps": "top_p", "prompt_sets": "prompt_set"}.get(key, key)
+                     .replace("_", "-"))
         if value is not True:
             parts += [str(v) for v in value] if isinstance(value, list) else [str(value)]
     return shlex.join(parts)
@@ -348,6 +358,7 @@ def _cmd_bench(args):
 
     options = {key: getattr(args, key) for key in (
         "prompts", "max_new_tokens", "temperatures", "top_ps", "methods", "hf_constant_grid",
+        "prompt_sets", "lookup_grid",
         "specinfer_grid", "select_prompts", "select_tokens", "max_budget", "max_depth", "seed",
         "out_dir", "machine", "fixed_tree")}
     config = config_from_options(args.quick, plots=not args.no_plots,

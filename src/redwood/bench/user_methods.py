@@ -1,0 +1,114 @@
+"""The bench's methods that are what a user gets by default, and llama-cpp-python's prompt
+lookup at its best grid entry.
+
+- `ngram`: redwood's prompt-lookup drafter alone (decode.ngram_drafter.NgramDrafter), each
+  step's tree sized by its cost model on this machine's measured t(n), the request governed
+  by the machine profile: what `redwood generate --drafter ngram` builds (cli.textgen's
+  use_ngram_drafter). A fresh drafter per request, so its online acceptance model starts
+  from its priors every time, as in a fresh `redwood generate` (a long-running server would
+  carry what it learned from one request to the next).
+- `sequoia_governed`: the draft model on the tuned bundle's acceptance vectors re-planned for
+  this machine's profile (measure.machine_profile.replan, adaptive when the bundle has
+  adaptive trees), governed by that profile: what `redwood generate` does by default with a
+  tuned bundle (cli.textgen.load_engine). Without a bundle (--acceptance given), the vector
+  is planned for the machine profile by `choose_tree` (a static tree), still governed.
+- `llamacpp_prompt_lookup_best`: llama-cpp-python's prompt lookup with the num_pred_tokens of
+  a small grid that gave the shortest end-to-end time on the first prompt of the prompt set
+  (at each setting; the prompt is also one of the measured ones), then run on every prompt.
+The machine profile is `measure.machine_profile.machine_profile` (measured at first use and
+cached, as for `redwood generate`).
+"""
+from __future__ import annotations
+
+from redwood.bench.runners import Setting, redwood_runner
+from redwood.bench.specs import MethodSpec, Selection
+from redwood.errors import RedwoodError
+
+
+def ngram_spec(factory, setting: Setting) -> MethodSpec:
+    from redwood.decode.engine import Engine
+    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+
+    profile = factory.machine_profile()
+    pair = factory.pair
+    engine = factory.cached_engine(("ngram",), lambda: Engine(
+        pair.target, pair.draft, ngram_budget_tree(),
+        drafter=NgramDrafter(target_ms=profile.target_ms), profile=profile))
+    inner = redwood_runner(engine, "sequoia", source="ngram")
+
+    def run(input_ids, setting, seed, max_new_tokens):
+        engine.drafter = NgramDrafter(target_ms=profile.target_ms)     # fresh per request
+        return inner(input_ids, setting, seed, max_new_tokens)
+
+    tree = engine.tree
+    return MethodSpec("ngram", f"n-gram, n<={len(tree)} d<={tree.num_levels}", run, None,
+                      tree, "NgramDrafter(target_ms=machine profile) within ngram_budget_tree(), "
+                      "each step sized by its cost model; governed by the machine profile "
+                      f"({factory.machine_profile_source()})",
+                      "none (n-gram drafts: acceptance learned online per request)")
+
+
+def sequoia_governed_spec(factory, setting: Setting) -> MethodSpec:
+    from redwood.decode.engine import Engine
+    from redwood.plan.planner import choose_tree
+
+    profile, inputs = factory.machine_profile(), factory.inputs
+    t, p = setting.temperature, setting.top_p
+    vector = inputs.vector_or_none(t, p)
+    where = factory.machine_profile_source()
+    if inputs.bundle is not None:
+        from redwood.measure.machine_profile import replan
+
+        tree, confidence = replan(inputs.bundle, t, profile)
+        how = (f"tuned bundle {inputs.bundle.directory} re-planned for this machine "
+               f"(measure.machine_profile.replan on {where}), as `redwood generate` does; governed")
+    elif vector is not None:
+        budget = min(inputs.max_budget, max(profile.target_ms))
+        choice = choose_tree(vector.p, profile, budget, inputs.max_depth)
+        tree, confidence = choice.tree, 0.0
+        how = (f"no tuned bundle: the acceptance vector planned for this machine "
+               f"(choose_tree on {where}, max_budget={budget}, max_depth={inputs.max_depth}); "
+               "governed")
+    else:
+        raise RedwoodError("sequoia_governed needs a tuned bundle or acceptance vectors")
+    pair = factory.pair
+    engine = factory.cached_engine(("governed", tuple(tree.parents), confidence), lambda: Engine(
+        pair.target, pair.draft, tree, confidence, profile=profile))
+    if len(tree) == 1:               # the planner declined to speculate on this machine
+        config, confidence, predicted = "n=1 (plain decoding: speculation does not pay)", 0.0, 1.0
+    else:
+        config = f"n={len(tree)} d={tree.num_levels}" + (f" c={confidence:.2f}" if confidence
+                                                         else "")
+        predicted = None if confidence or vector is None else tree.expected_length(vector.p)
+    return MethodSpec("sequoia_governed", config,
+                      redwood_runner(engine, "sequoia", confidence), predicted, tree, how,
+                      "none (no acceptance vector given)" if vector is None else vector.describe())
+
+
+def lookup_best_spec(factory, setting: Setting, prompt_set: str | None, first) -> MethodSpec:
+    """Measure every grid entry on the set's first prompt (`first`: (ids, seed)) with the
+    run's token count, after one untimed warm-up; keep the shortest end-to-end time."""
+    from redwood.bench.llamacpp_runners import llama_runner
+
+    if first is None:
+        raise RedwoodError("llamacpp_prompt_lookup_best needs its prompt set's first prompt")
+    ids, seed = first
+    model = factory.high_level_llama("lookup")
+    grid = list(factory.lookup_grid)
+    llama_runner(model, grid[0])(ids, setting, seed, 4)            # untimed warm-up
+    how = (f"measured: shortest end-to-end time on the first prompt of the set "
+           f"({factory.lookup_tokens} tokens, seed {seed}) over num_pred_tokens in "
+           f"{{{', '.join(map(str, grid))}}}")
+    selection = Selection("llamacpp_prompt_lookup_best", setting, how, prompt_set=prompt_set)
+    times = {}
+    for k in grid:
+        m = llama_runner(model, k)(ids, setting, seed, factory.lookup_tokens)
+        times[k] = m.end_to_end_seconds
+        selection.candidates.append({"config": f"lookup k={k}", "end_to_end_seconds": times[k],
+                                     "tokens_per_step": m.tokens_per_step})
+    best = min(grid, key=lambda k: (times[k], k))
+    selection.chosen = f"lookup k={best}"
+    factory.selections.append(selection)
+    return MethodSpec("llamacpp_prompt_lookup_best", f"lookup k={best}",
+                      llama_runner(model, best), None, chosen_by=how,
+                      vector="none (prompt lookup: no draft model, no positional prediction)")

@@ -192,6 +192,10 @@ def _add_serve(sub):
                    help="requests that may wait for the engine; more get HTTP 429 (default 16)")
     p.add_argument("--max-tokens", type=int, default=256,
                    help="max_tokens for requests that give none (default 256)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="llama.cpp backend: serve up to N requests at once in one batch, with "
+                   "trees planned for the batch (default: from this machine's profile, at most "
+                   "16); 1 = one request at a time. The transformers backend serves one at a time")
     p.add_argument("--served-name", default=None,
                    help="model id shown in /v1/models and responses (default: the model's name)")
     p.set_defaults(func=_cmd_serve)
@@ -231,13 +235,25 @@ def _cmd_serve(args):
         host=args.host, port=args.port,
         drafting_for_temperature=None)
     model_config = _model_config(args)
-    engine, tokenizer = load_engine(model_config)
+    if args.max_batch is not None and args.max_batch < 1:
+        raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if backend == "llamacpp" and args.max_batch != 1:
+        from redwood.serve.batch_setup import load_batch_scheduler
+
+        engine, tokenizer = load_batch_scheduler(args.model, args.target, args.draft, args.tree,
+                                                 args.max_batch, args.method)
+        bundle = None
+        print(f"redwood serve: continuous batching of up to {engine.max_batch} requests",
+              file=sys.stderr)
+    else:
+        engine, tokenizer = load_engine(model_config)
     if bundle is not None:
         config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)
-    trees = f"bundle {bundle.directory}" if bundle else f"tree of {len(engine.tree)} nodes"
+    trees = (f"bundle {bundle.directory}" if bundle else "trees planned per batch"
+             if getattr(engine, "batched", False) else f"tree of {len(engine.tree)} nodes")
     print(f"redwood serve: {config.model_name} ({args.method}, {trees}, {backend} backend) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run_server(create_app(engine, tokenizer, config), config)

@@ -152,8 +152,14 @@ class _Service:
         self.tokenizer, self.config = tokenizer, config
         self.context, self.vocab = _model_limits(engine, tokenizer, config)
         self.metrics = ServerMetrics()
-        self.worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue,
-                                       self.metrics, config.drafting_for_temperature)
+        if getattr(engine, "batched", False):     # a BatchScheduler (llama.cpp, --max-batch)
+            from redwood.serve.batch_worker import BatchWorker
+
+            self.worker = BatchWorker(engine, tokenizer, config.method, config.max_queue,
+                                      self.metrics)
+        else:
+            self.worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue,
+                                           self.metrics, config.drafting_for_temperature)
 
     def authorize(self, request: Request) -> None:
         if self.config.api_key is None:

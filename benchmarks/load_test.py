@@ -1,0 +1,313 @@
+"""Load test: many concurrent clients against the server, loopback only, every wait bounded.
+
+    python benchmarks/load_test.py                       # shipped pair, 1 2 4 8 16 clients
+    python benchmarks/load_test.py --quick               # tiny random GGUF pair, seconds
+
+For each method and each concurrency c, c client threads each send `--requests` streaming
+completions one after another (HumanEval evaluation prompts, greedy, `--max-tokens` each) and
+record, per request, the time to the first token and the per-token latency after it ((time of
+the last token - time of the first) / (tokens - 1)); a token's time is when its text arrives
+(tokens that decode to no text, rare with real models, arrive with the next text). Reported per
+(method, c): aggregate tokens/s (all completion tokens / wall time of the level), p50 / p95 of
+both latencies.
+
+Methods (each server is a `redwood serve` subprocess on 127.0.0.1, started once per method):
+- batched-spec:   --max-batch 16, trees planned per batch (speculation where it pays);
+- batched-plain:  --max-batch 16 --method autoregressive (continuous batching, no draft);
+- one-at-a-time:  --max-batch 1 (the single-request engine; --tree auto on the shipped pair);
+- llama-cpp-python: its high-level `Llama` holds ONE sequence and batches nothing (its own
+  server serialises requests behind a lock), so it is measured as that: one Llama over the
+  target GGUF, same threads, requests served one at a time in this process (no HTTP: this
+  flatters it slightly).
+Do not run anything else on the machine while it runs. Writes JSON + markdown under
+benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HOST = "127.0.0.1"                     # loopback only, never anything else
+METHODS = ("batched-spec", "batched-plain", "one-at-a-time", "llama-cpp-python")
+SERVER_FLAGS = {"batched-spec": ["--max-batch", "16"],
+                "batched-plain": ["--max-batch", "16", "--method", "autoregressive"],
+                "one-at-a-time": ["--max-batch", "1"]}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny random GGUF pair (a few seconds)")
+    p.add_argument("--target", help="target GGUF (default: the shipped pair)")
+    p.add_argument("--draft", help="draft GGUF")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+                   help="client counts (default 1 2 4 8 16; --quick: 1 2 4)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="sequential requests per client (default 3; --quick: 2)")
+    p.add_argument("--max-tokens", type=int, default=None, help="default 64; --quick: 16")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--startup-timeout", type=float, default=900.0,
+                   help="seconds a server may take to load (first use measures a profile)")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="result file stem (default: dated)")
+    return p.parse_args(argv)
+
+
+# -- models and prompts ----------------------------------------------------------------------
+
+def model_args(args) -> tuple[list[str], str, str | None]:
+    """(server model flags, target path for llama-cpp-python, tokenizer source note)."""
+    if args.quick:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from tiny_gguf import write_perturbed_gguf, write_tiny_gguf
+
+        directory = Path(tempfile.mkdtemp(prefix="redwood-load-"))
+        target = write_tiny_gguf(directory / "tiny-target.gguf", 0)
+        draft = write_perturbed_gguf(directory / "tiny-draft.gguf", 0, 0.1)
+        return ["--target", str(target), "--draft", str(draft)], str(target), None
+    if args.target:
+        return ["--target", args.target, "--draft", args.draft], args.target, None
+    from redwood.models.shipped import shipped_gguf_pair
+
+    target, draft = shipped_gguf_pair()
+    return ["--model", "qwen2.5-coder"], str(target), "qwen2.5-coder"
+
+
+def prompts(args) -> list[str]:
+    if args.quick:
+        return [f"def f{i}(x):\n    return x * {i} +" for i in range(16)]
+    from redwood.prompts import humaneval_prompts
+
+    return humaneval_prompts("evaluation", limit=32)
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`redwood serve` in a subprocess on 127.0.0.1; stopped (terminate, then kill) on exit."""
+
+    def __init__(self, flags: list[str], args, log_path: Path):
+        self.port = free_port()
+        command = [sys.executable, "-m", "redwood.cli", "serve", "--host", HOST,
+                   "--port", str(self.port), "--max-queue", "64",
+                   "--max-tokens", str(args.max_tokens)] + flags
+        self.log = open(log_path, "w")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://{HOST}:{self.port}"
+        self._wait(args.startup_timeout)
+
+    def _wait(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; "
+                                   f"see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server not up after {timeout:.0f} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        self.log.close()
+
+
+_local = threading.local()
+
+
+def http_request(url: str, prompt: str, args) -> dict:
+    """One streaming completion through the openai client (one client per thread): arrival
+    times of its tokens."""
+    import openai
+
+    client = getattr(_local, "client", None)
+    if client is None or getattr(_local, "url", None) != url:
+        client = _local.client = openai.OpenAI(base_url=url + "/v1", api_key="unused",
+                                               max_retries=0, timeout=args.request_timeout)
+        _local.url = url
+    start = time.perf_counter()
+    times, tokens = [], 0
+    stream = client.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            times.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"start": start, "first": times[0] if times else None,
+            "last": times[-1] if times else None, "tokens": tokens}
+
+
+class SerialLlama:
+    """llama-cpp-python's own decoding: one high-level Llama, requests one at a time."""
+
+    def __init__(self, target: str):
+        from llama_cpp import Llama
+
+        from redwood.backends.llamacpp import free_cores
+
+        self.llama = Llama(target, n_ctx=4096, n_threads=free_cores(),
+                           n_threads_batch=free_cores(), verbose=False)
+        self.lock = threading.Lock()
+
+    def request(self, prompt: str, args) -> dict:
+        start = time.perf_counter()
+        times, tokens = [], 0
+        with self.lock:
+            for chunk in self.llama.create_completion(prompt, max_tokens=args.max_tokens,
+                                                      temperature=0.0, stream=True):
+                tokens += 1
+                if chunk["choices"][0]["text"]:
+                    times.append(time.perf_counter())
+        return {"start": start, "first": times[0] if times else None,
+                "last": times[-1] if times else None, "tokens": tokens}
+
+
+# -- one concurrency level -------------------------------------------------------------------
+
+def run_level(send, texts: list[str], clients: int, args) -> dict:
+    """`clients` threads, `args.requests` requests each; bounded by the request timeout."""
+    records, errors = [], []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for k in range(args.requests):
+            try:
+                record = send(texts[(index * args.requests + k) % len(texts)])
+            except Exception as exc:               # a failure is reported, never hidden
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            with lock:
+                records.append(record)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(args.request_timeout * args.requests)
+    wall = time.perf_counter() - start
+    return summarise(records, errors, wall, clients)
+
+
+def summarise(records: list[dict], errors: list[str], wall: float, clients: int) -> dict:
+    def pct(values, q):
+        if not values:
+            return None
+        values = sorted(values)
+        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+    ttft = [r["first"] - r["start"] for r in records if r["first"] is not None]
+    per_token = [(r["last"] - r["first"]) / (r["tokens"] - 1) for r in records
+                 if r["first"] is not None and r["tokens"] > 1]
+    tokens = sum(r["tokens"] for r in records)
+    return {"clients": clients, "requests": len(records), "errors": errors, "wall_s": wall,
+            "tokens": tokens, "tokens_per_s": tokens / wall if wall else None,
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
+            "per_token_p50_s": pct(per_token, 0.5), "per_token_p95_s": pct(per_token, 0.95),
+            "mean_per_token_s": statistics.mean(per_token) if per_token else None}
+
+
+# -- main --------------------------------------------------------------------------------------
+
+def run_method(method: str, flags: list[str], target: str, texts: list[str], args,
+               stem: str) -> list[dict]:
+    rows = []
+    if method == "llama-cpp-python":
+        serial = SerialLlama(target)
+        send = lambda text: serial.request(text, args)              # noqa: E731
+        send(texts[0])                                               # warm up (untimed)
+        for clients in args.concurrency:
+            rows.append(dict(method=method, **run_level(send, texts, clients, args)))
+            print(format_row(rows[-1]), flush=True)
+        return rows
+    extra = list(SERVER_FLAGS[method])
+    if method == "one-at-a-time" and "--model" in flags:
+        extra += ["--tree", "auto"]            # the shipped pair's tuned bundle
+    server = Server(flags + extra, args, RESULTS / f"{stem}-{method}.log")
+    try:
+        send = lambda text: http_request(server.url, text, args)    # noqa: E731
+        send(texts[0])                                               # warm up (untimed)
+        for clients in args.concurrency:
+            rows.append(dict(method=method, **run_level(send, texts, clients, args)))
+            print(format_row(rows[-1]), flush=True)
+    finally:
+        server.stop()
+    return rows
+
+
+def format_row(row: dict) -> str:
+    def ms(value):
+        return f"{1000 * value:8.1f}" if value is not None else "       -"
+    return (f"| {row['method']:16} | {row['clients']:3d} | {row['tokens_per_s'] or 0:8.2f} | "
+            f"{ms(row['ttft_p50_s'])} | {ms(row['ttft_p95_s'])} | {ms(row['per_token_p50_s'])} | "
+            f"{ms(row['per_token_p95_s'])} | {len(row['errors']):3d} |")
+
+
+HEADER = ("| method           |   c | tokens/s | TTFT p50 | TTFT p95 | tok p50  | tok p95  "
+          "| err |\n|------------------|-----|----------|----------|----------|----------|"
+          "----------|-----|")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    quick = args.quick
+    args.concurrency = args.concurrency or ([1, 2, 4] if quick else [1, 2, 4, 8, 16])
+    args.requests = args.requests or (2 if quick else 3)
+    args.max_tokens = args.max_tokens or (16 if quick else 64)
+    if min(args.concurrency) < 1 or args.requests < 1 or args.max_tokens < 1:
+        raise SystemExit("--concurrency, --requests and --max-tokens must be positive")
+    RESULTS.mkdir(exist_ok=True)
+    stem = args.out or f"load-test-{'tiny' if args.quick else 'cpu'}-{datetime.date.today()}"
+    flags, target, _ = model_args(args)
+    texts = prompts(args)
+    print(f"load test: {args.methods}, clients {args.concurrency}, {args.requests} requests "
+          f"each, {args.max_tokens} tokens, load average {os.getloadavg()[0]:.2f}", flush=True)
+    print("latencies in ms\n" + HEADER, flush=True)
+    rows = []
+    for method in args.methods:
+        rows += run_method(method, flags, target, texts, args, stem)
+    meta = {"argv": sys.argv[1:], "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "cpu_count": os.cpu_count(), "load_average_after": os.getloadavg()[0],
+            "llama_cpp_python": "no request batching in its high-level API: measured serially"}
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (RESULTS / f"{stem}.md").write_text(
+        f"Load test ({', '.join(args.methods)}), {args.requests} requests per client, "
+        f"{args.max_tokens} tokens each; latencies in ms (TTFT: time to first token; tok: per "
+        f"token after the first).\n\n" + HEADER + "\n" + "\n".join(map(format_row, rows)) + "\n")
+    print(f"wrote {RESULTS / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

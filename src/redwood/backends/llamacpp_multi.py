@@ -1,0 +1,334 @@
+"""Several requests in one llama.cpp context: continuous batching of token trees.
+
+A `MultiSeqContext` wraps one `LlamaCppBackend` (its model, its `kv_unified` context and its
+native batch) and splits the context's sequence ids into `lanes`: lane i owns the ids
+[i * width, (i + 1) * width). A request holds one lane:
+- its committed prefix lives on the lane's first id (`base`) at positions 0..length-1, its own
+  positions, independent of every other lane's;
+- a tree run for it gives leaf k the id base + k (llamacpp_batch.TreeSeqs shifted by base), so
+  the tree's leaves are bounded by the lane's width.
+A token attends to the cells carrying its first sequence id (docs/design.md §5.3), and no id
+is shared between lanes, so requests never see each other's cells although they share one KV
+cache and one `llama_decode`.
+
+One `decode(jobs)` carries any mix of `Append` (causal tokens committed at once: prompt chunks,
+the draft's pending tokens) and `TreeNodes` (tentative tree nodes) for distinct lanes, bounded
+by n_batch. `keep_path(lane, nodes)` compacts one lane to its accepted path and `release(lane)`
+removes every cell of the lane (seq_rm of all its ids); neither touches other lanes.
+
+Everything that would abort the process (more tokens than n_batch, more leaves than the lane
+holds, more cells than the context) is refused in Python before the native call, as in
+llamacpp.py, whose helpers (checks, NativeBatch, TreeSeqs, logits copy) are reused here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from redwood.backends.base import tree_limits_error
+from redwood.backends.llamacpp import LLAMA_MAX_SEQ, LlamaCppBackend
+from redwood.backends.llamacpp_batch import TreeSeqs
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree
+
+
+@dataclass(eq=False)
+class Lane:
+    """One request's sequence ids base..base+width-1 and its cache bookkeeping."""
+    index: int
+    base: int
+    width: int
+    length: int = 0                  # committed tokens (positions 0..length-1 on `base`)
+    step: dict | None = None         # the tentative tree of the current step, or None
+    busy: bool = False
+
+    @property
+    def cells(self) -> int:
+        """KV cells the lane holds: committed tokens plus tentative nodes."""
+        return self.length + (self.step["cells"] if self.step else 0)
+
+
+@dataclass(eq=False)
+class Append:
+    """Run `ids` causally after the lane's committed prefix and commit them; logits of the
+    last `rows` of them."""
+    lane: Lane
+    ids: Sequence[int] | np.ndarray
+    rows: int = 0
+
+
+@dataclass(eq=False)
+class TreeNodes:
+    """Run tree nodes as tentative nodes of the lane (the Backend.run_tree contract, per lane):
+    `nodes` in BFS order, token ids `tokens` [len(nodes)], node u at root_position + depth(u);
+    the root is run as node 0 (root_position == lane.length) or is already committed
+    (root_position == lane.length - 1). rows: which of `nodes` need logits (None = all)."""
+    lane: Lane
+    tree: Tree
+    nodes: Sequence[int]
+    tokens: Sequence[int] | torch.Tensor | np.ndarray
+    root_position: int
+    rows: Sequence[int] | None = None
+
+
+@dataclass
+class _Prepared:
+    """A validated job as batch rows: ids [n] int32, positions [n], seq ids per row, outputs."""
+    job: object
+    ids: np.ndarray
+    positions: np.ndarray
+    seqs: list[np.ndarray]
+    outputs: np.ndarray              # [n] int8, 1 where logits are wanted
+    rows: list[int]                  # the job's rows, in the order it asked for them
+    step: dict | None = None         # TreeNodes: the lane's step after this call
+    first: bool = False              # TreeNodes: the step's first call (branch the prefix)
+    extra: dict = field(default_factory=dict)
+
+
+class MultiSeqContext:
+    """One llama.cpp model and context shared by `lanes` requests (see the module doc)."""
+
+    def __init__(self, backend: LlamaCppBackend, lanes: int):
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise RedwoodError(f"lanes must be a positive integer, got {lanes!r}")
+        width = backend.n_seq_max // lanes
+        if width < 1:
+            raise RedwoodError(f"{lanes} lanes need at least {lanes} sequence ids, but the context "
+                               f"has n_seq_max = {backend.n_seq_max}")
+        backend.reset()
+        self.backend = backend
+        self.lanes = [Lane(i, i * width, width) for i in range(lanes)]
+        self.n_ctx, self.n_batch = backend.n_ctx, backend.n_batch
+        self.vocab_size, self.eos_ids, self.name = backend.vocab_size, backend.eos_ids, backend.name
+        self._layouts: dict[tuple, TreeSeqs] = {}
+
+    @classmethod
+    def load(cls, path, lanes: int, leaves_per_lane: int = 16, n_ctx: int = 8192,
+             n_batch: int = 512, n_threads: int | None = None) -> "MultiSeqContext":
+        """A fresh context for `lanes` requests of up to `leaves_per_lane` leaves each
+        (n_seq_max = lanes * leaves_per_lane, at most llama.cpp's 256)."""
+        n_seq = min(LLAMA_MAX_SEQ, lanes * max(1, int(leaves_per_lane)))
+        backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq,
+                                  n_batch=n_batch)
+        try:
+            return cls(backend, lanes)
+        except BaseException:
+            backend.close()
+            raise
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # -- lanes -------------------------------------------------------------------------
+    def acquire(self) -> Lane:
+        """A free lane (empty cache), or RedwoodError when every lane is taken."""
+        for lane in self.lanes:
+            if not lane.busy:
+                lane.busy, lane.length, lane.step = True, 0, None
+                return lane
+        raise RedwoodError(f"all {len(self.lanes)} lanes of {self.name} are in use")
+
+    def release(self, lane: Lane) -> None:
+        """Remove every cell of the lane (all its ids) and free it; other lanes are untouched."""
+        self.backend._live()
+        seq_rm, mem = self.backend._llama.llama_memory_seq_rm, self.backend._mem
+        for seq in range(lane.base, lane.base + lane.width):
+            seq_rm(mem, seq, -1, -1)
+        lane.busy, lane.length, lane.step = False, 0, None
+
+    def used_cells(self) -> int:
+        return sum(lane.cells for lane in self.lanes if lane.busy)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """The last position held by sequence id `seq` (-1: no cells), from llama.cpp itself."""
+        return int(self.backend._llama.llama_memory_seq_pos_max(self.backend._mem, seq))
+
+    def check_tree(self, tree: Tree, lane: Lane | None = None) -> None:
+        width = lane.width if lane is not None else self.lanes[0].width
+        message = tree_limits_error(tree, self.n_batch, width, "llama.cpp (per batched request)")
+        if message:
+            raise RedwoodError(message)
+
+    # -- one decode for many lanes -----------------------------------------------------
+    def decode(self, jobs: Sequence[Append | TreeNodes]) -> list[torch.Tensor]:
+        """Run every job in one `llama_decode`; returns each job's logits [rows, V] (float32
+        copies), in job order. Nothing changes unless every job is valid and fits."""
+        self.backend._live()
+        if len({id(job.lane) for job in jobs}) != len(jobs):
+            raise RedwoodError("decode: at most one job per lane per decode")
+        prepared = [self._prepare(job) for job in jobs]
+        total = sum(len(p.ids) for p in prepared)
+        if total > self.n_batch:
+            raise RedwoodError(f"decode of {total} tokens exceeds n_batch = {self.n_batch}")
+        if self.used_cells() + total > self.n_ctx:
+            raise RedwoodError(f"KV cache full: {self.used_cells()} cells in use + {total} new "
+                               f"> n_ctx = {self.n_ctx}")
+        out = [torch.empty(0, self.vocab_size) for _ in jobs]
+        if total == 0:
+            return out
+        for p in prepared:
+            if p.first:                       # branch the prefix into the tree's leaf ids
+                lane = p.job.lane
+                for k in range(1, p.step["layout"].n_leaves):
+                    self.backend._llama.llama_memory_seq_cp(self.backend._mem, lane.base,
+                                                            lane.base + k, -1, -1)
+                lane.step = p.step
+        outputs = np.concatenate([p.outputs for p in prepared])
+        self.backend._batch.fill_tree(np.concatenate([p.ids for p in prepared]),
+                                      np.concatenate([p.positions for p in prepared]),
+                                      [s for p in prepared for s in p.seqs], outputs)
+        try:
+            self.backend._decode(f"a batched decode of {total} tokens for {len(jobs)} requests")
+        except BaseException:
+            self._roll_back(prepared)
+            raise
+        for p in prepared:
+            self._commit(p)
+        logits = self.backend._logits(int(outputs.sum())) if outputs.any() else None
+        start = 0
+        for i, p in enumerate(prepared):
+            kept = np.flatnonzero(p.outputs)          # this job's output rows, batch order
+            if p.rows:
+                out[i] = logits[start + np.searchsorted(kept, p.rows)]
+            start += len(kept)
+        return out
+
+    def _prepare(self, job) -> _Prepared:
+        if not job.lane.busy or job.lane not in self.lanes:
+            raise RedwoodError("decode: the job's lane is not held in this context")
+        if isinstance(job, Append):
+            return self._prepare_append(job)
+        if isinstance(job, TreeNodes):
+            return self._prepare_tree(job)
+        raise RedwoodError(f"decode: unknown job {type(job).__name__}")
+
+    def _prepare_append(self, job: Append) -> _Prepared:
+        lane = job.lane
+        if lane.step is not None:
+            raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
+        ids = self.backend._token_ids(job.ids)
+        n, rows = len(ids), max(0, min(int(job.rows), len(ids)))
+        outputs = np.zeros(n, dtype=np.int8)
+        outputs[n - rows:] = 1 if rows else 0
+        seq = np.array([lane.base], dtype=np.int32)
+        return _Prepared(job, ids, np.arange(lane.length, lane.length + n), [seq] * n, outputs,
+                         list(range(n - rows, n)), extra={"start": lane.length})
+
+    def _prepare_tree(self, job: TreeNodes) -> _Prepared:
+        lane = job.lane
+        self.check_tree(job.tree, lane)
+        layout = self._layout(job.tree)
+        nodes = [int(u) for u in job.nodes]
+        ids = self.backend._token_ids(job.tokens)
+        if len(ids) != len(nodes) or not nodes:
+            raise RedwoodError(f"tree job got {len(nodes)} nodes and {len(ids)} tokens")
+        rows = list(range(len(nodes))) if job.rows is None else [int(r) for r in job.rows]
+        if any(r < 0 or r >= len(nodes) for r in rows):
+            raise RedwoodError(f"tree job rows {rows} must index the {len(nodes)} nodes")
+        step, first = lane.step, lane.step is None
+        if first:
+            if job.root_position not in (lane.length, lane.length - 1) or job.root_position < 0:
+                raise RedwoodError(f"tree job root_position {job.root_position} must be the lane's "
+                                   f"length {lane.length} or {lane.length - 1}")
+            step = {"layout": layout, "root": job.root_position, "ran": set(), "cells": 0,
+                    "root_run": job.root_position == lane.length}
+        elif layout.parents != step["layout"].parents or job.root_position != step["root"]:
+            raise RedwoodError("tree job with another tree or root position in the same step")
+        self.backend._check_nodes(step, nodes)
+        index = np.array(nodes)
+        outputs = np.zeros(len(nodes), dtype=np.int8)
+        outputs[rows] = 1
+        seqs = [layout.seqs[u] + lane.base for u in nodes]
+        return _Prepared(job, ids, job.root_position + layout.depths[index], seqs, outputs, rows,
+                         step=step, first=first)
+
+    def _commit(self, p: _Prepared) -> None:
+        lane = p.job.lane
+        if isinstance(p.job, Append):
+            lane.length += len(p.ids)
+        else:
+            p.step["ran"].update(int(u) for u in p.job.nodes)
+            p.step["cells"] += len(p.ids)
+
+    def _roll_back(self, prepared: list[_Prepared]) -> None:
+        """After a failed decode: drop the appended tokens and the lanes' whole tentative step."""
+        seq_rm, mem = self.backend._llama.llama_memory_seq_rm, self.backend._mem
+        for p in prepared:
+            if isinstance(p.job, Append):
+                seq_rm(mem, p.job.lane.base, p.extra["start"], -1)
+            else:
+                self.drop_tentative(p.job.lane)
+
+    # -- compaction --------------------------------------------------------------------
+    def keep_path(self, lane: Lane, nodes: Sequence[int]) -> None:
+        """Commit the lane's tentative `nodes` (a chain from the root, or from a child of the
+        committed root) and drop its other tentative nodes (Backend.keep_path, per lane)."""
+        self.backend._live()
+        nodes = [int(u) for u in nodes]
+        if not nodes:
+            self.drop_tentative(lane)
+            return
+        step = lane.step
+        if step is None:
+            raise RedwoodError("keep_path: no tree nodes have been run since the last keep_path")
+        _check_path(step, nodes)
+        last = nodes[-1]
+        position = step["root"] + int(step["layout"].depths[last])
+        keep = lane.base + int(step["layout"].seqs[last][0])    # a leaf id through the path
+        llama, mem = self.backend._llama, self.backend._mem
+        llama.llama_memory_seq_rm(mem, keep, position + 1, -1)
+        for k in range(step["layout"].n_leaves):                # only this lane's ids
+            if lane.base + k != keep:
+                llama.llama_memory_seq_rm(mem, lane.base + k, -1, -1)
+        if keep != lane.base:                                   # move the path back to base
+            llama.llama_memory_seq_cp(mem, keep, lane.base, -1, -1)
+            llama.llama_memory_seq_rm(mem, keep, -1, -1)
+        lane.length, lane.step = position + 1, None
+
+    def drop_tentative(self, lane: Lane) -> None:
+        """Drop every tentative node of the lane (its committed prefix stays)."""
+        if lane.step is None:
+            return
+        llama, mem = self.backend._llama, self.backend._mem
+        for k in range(1, lane.step["layout"].n_leaves):
+            llama.llama_memory_seq_rm(mem, lane.base + k, -1, -1)
+        llama.llama_memory_seq_rm(mem, lane.base, lane.length, -1)
+        lane.step = None
+
+    def truncate(self, lane: Lane, length: int) -> None:
+        """Drop the lane's tentative nodes and its committed tokens from `length` on (undoing a
+        step that failed half-way)."""
+        self.drop_tentative(lane)
+        if 0 <= length < lane.length:
+            self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, length, -1)
+            lane.length = length
+
+    def _layout(self, tree: Tree) -> TreeSeqs:
+        key = tuple(tree.parents)
+        if key not in self._layouts:
+            if len(self._layouts) >= 512:     # planned trees recur; bound the cache anyway
+                live = {tuple(l.step["layout"].parents): l.step["layout"]
+                        for l in self.lanes if l.step is not None}
+                self._layouts = live
+            self._layouts[key] = TreeSeqs(tree)
+        return self._layouts[key]
+
+
+def _check_path(step: dict, nodes: list[int]) -> None:
+    """keep_path's chain rules (the same as LlamaCppBackend.keep_path's)."""
+    parents = step["layout"].parents
+    if not 0 <= nodes[0] < len(parents):
+        raise RedwoodError(f"keep_path node {nodes[0]} is out of range")
+    if (nodes[0] != 0) if step["root_run"] else (parents[nodes[0]] != 0):
+        start = "the root, node 0" if step["root_run"] else "a child of the committed root"
+        raise RedwoodError(f"keep_path must start at {start}; got node {nodes[0]}")
+    for a, b in zip(nodes, nodes[1:]):
+        if not 0 <= b < len(parents) or parents[b] != a:
+            raise RedwoodError(f"keep_path nodes {nodes} are not a chain "
+                               f"(node {b} is not a child of {a})")
+    missing = [u for u in nodes if u not in step["ran"]]
+    if missing:
+        raise RedwoodError(f"keep_path: nodes {missing} were not run this step")

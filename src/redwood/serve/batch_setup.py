@@ -1,0 +1,153 @@
+"""Building a BatchScheduler for `redwood serve --max-batch N` on the llama.cpp backend: the two
+batch contexts, this machine's t(total tokens) profile (measured once, cached), each request's
+acceptance vector (the tuned bundle's, by temperature) and the batch planner.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from redwood.errors import RedwoodError
+from redwood.plan.formats import Acceptance, Profile, sample_acceptance_path
+from redwood.serve.batching import BatchScheduler
+
+MAX_LANES = 16            # requests per context when --max-batch is left to the machine
+CELLS_PER_LANE = 2048     # KV cells per request slot (prompt + max_tokens + one tree)
+N_BATCH = 512             # tokens per decode: every tree of a step + prompt chunks
+MAX_BUDGET, MAX_DEPTH = 16, 8
+
+
+def batch_sizes(limit: int) -> list[int]:
+    """Totals N the profile measures: every N to 16, then steps of 4 to 32, then x1.5 / x2
+    (the planner only ever picks measured totals; large ones matter only at high load)."""
+    sizes = list(range(1, 17)) + [20, 24, 28, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    return [n for n in sizes if n <= limit]
+
+
+def choose_max_batch(profile: Profile, cap: int = MAX_LANES) -> int:
+    """From the machine's profile: the batch size beyond which plain batched decoding stops
+    paying (doubling the batch cuts the time per token by less than 10%), within 2..cap."""
+    per_token = {n: t / n for n, t in profile.target_ms.items()}
+    batch = 2
+    while batch * 2 <= cap and batch * 2 in per_token and batch in per_token \
+            and per_token[batch * 2] < 0.9 * per_token[batch]:
+        batch *= 2
+    return min(cap, batch)
+
+
+def batch_profile(target, draft, sizes: list[int], progress: bool = True,
+                  cache_dir=None) -> Profile:
+    """t_target(N) and t_draft(w) on these contexts' backends, cached per machine and sizes
+    (measure/machine_profile's key plus the sizes)."""
+    from filelock import FileLock
+
+    from redwood.measure.machine_profile import key_digest, profile_dir, profile_key
+    from redwood.measure.profile import profile_latency
+
+    key = dict(profile_key(target.backend, draft.backend), batch_sizes=sizes)
+    directory = profile_dir(cache_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"batch-{key_digest(key)}.json"
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            try:
+                cached = Profile.load(path)
+                if cached.extra.get("machine_key") == json.loads(json.dumps(key)):
+                    return cached
+            except Exception:                      # damaged: measure again
+                pass
+        if progress:
+            print(f"redwood: measuring batched forward times for {len(sizes)} sizes (first use; "
+                  f"cached in {directory})", file=sys.stderr, flush=True)
+        profile = profile_latency(target.backend, draft.backend, context=128, budgets=sizes,
+                                  widths=sizes, repeats=2, warmup=1, progress=progress)
+        target.backend.reset()
+        draft.backend.reset()
+        profile.extra["machine_key"] = key
+        profile.save(path)
+        return profile
+
+
+def acceptance_by_temperature(bundle=None):
+    """params -> p: a tuned bundle's acceptance vector at the nearest temperature, else the
+    shipped sample vector (acceptance only shapes the trees, never the output's law)."""
+    if bundle is None:
+        sample = tuple(Acceptance.load(sample_acceptance_path()).p)
+        return lambda params: sample
+    vectors = {e.temperature: tuple(Acceptance.load(bundle.directory / e.acceptance).p)
+               for e in bundle.entries}
+    return lambda params: vectors[bundle.entry(params.temperature).temperature]
+
+
+def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_batch=None,
+                         method: str = "sequoia", progress: bool = True,
+                         n_threads: int | None = None, cache_dir=None):
+    """(scheduler, tokenizer) for the shipped pair `model` or explicit GGUF paths.
+
+    tree: None or a bundle dir / "auto" (the batch planner, with the bundle's acceptance
+    vectors), or a tree JSON (that tree for every request). method "autoregressive": plain
+    batched decoding, no draft loaded. max_batch None: from this machine's profile (16 lanes
+    are made; without speculation all 16 are used)."""
+    from redwood.backends.llamacpp_multi import MultiSeqContext
+    from redwood.models.hf_loading import load_tokenizer
+
+    target, draft, tokenizer_source, pair = _model_paths(model, target, draft, progress)
+    fixed, bundle = _trees(tree, pair)                      # checked before minutes of loading
+    lanes = max_batch or MAX_LANES
+    leaves = max(1, min(MAX_BUDGET, 256 // lanes))
+    n_ctx = lanes * CELLS_PER_LANE
+    contexts = []
+    try:
+        contexts.append(MultiSeqContext.load(target, lanes, leaves, n_ctx, N_BATCH, n_threads))
+        if method != "autoregressive":
+            contexts.append(MultiSeqContext.load(draft, lanes, leaves, n_ctx, N_BATCH, n_threads))
+        planner, max_batch = _planner(contexts, fixed, max_batch, progress, cache_dir)
+        scheduler = BatchScheduler(contexts[0], contexts[1] if len(contexts) > 1 else None,
+                                   planner, acceptance_by_temperature(bundle), max_batch)
+        return scheduler, load_tokenizer(tokenizer_source)
+    except BaseException:
+        for ctx in contexts:
+            ctx.close()
+        raise
+
+
+def _model_paths(model, target, draft, progress):
+    """(target, draft, tokenizer source, shipped pair name or None)."""
+    if target is None:
+        from redwood.models.shipped import DEFAULT_PAIR, shipped_gguf_pair, shipped_tokenizer_dir
+
+        pair = model or DEFAULT_PAIR
+        target, draft = shipped_gguf_pair(pair, progress=progress)
+        return target, draft, shipped_tokenizer_dir(pair, progress=progress), pair
+    if draft is None:
+        raise RedwoodError("give both --target and --draft GGUF files (or --model)")
+    return target, draft, target, None
+
+
+def _trees(tree, pair):
+    """(fixed Tree or None, Bundle or None) for a --tree value."""
+    from redwood.measure.bundles import find_bundle
+    from redwood.plan.tree import Tree
+
+    if tree is not None and Path(tree).is_file():
+        return Tree.load(tree), None
+    if tree is None and pair is None:
+        return None, None
+    return None, find_bundle(tree or "auto", pair, "llamacpp")
+
+
+def _planner(contexts, fixed, max_batch, progress, cache_dir):
+    """(planner, max_batch): the batch planner on this machine's profile, or a fixed tree."""
+    from redwood.plan.batch_planner import ROOT_ONLY, BatchPlanner, FixedPlanner
+
+    target = contexts[0]
+    lanes = len(target.lanes)
+    if len(contexts) == 1:
+        return FixedPlanner(ROOT_ONLY, N_BATCH), max_batch or lanes
+    if fixed is not None:
+        return FixedPlanner(fixed, N_BATCH), max_batch or min(lanes, N_BATCH // len(fixed))
+    sizes = batch_sizes(min(N_BATCH, lanes * MAX_BUDGET))
+    profile = batch_profile(target, contexts[1], sizes, progress, cache_dir)
+    planner = BatchPlanner(profile, MAX_BUDGET, MAX_DEPTH, target.lanes[0].width, N_BATCH)
+    return planner, max_batch or choose_max_batch(profile, lanes)

@@ -1,0 +1,205 @@
+"""The phases of one batched step (batching.BatchScheduler.step): draft level by level across
+requests, one target decode for every tree (plus prompt chunks), per-request verification.
+
+Each request's draws come from its own generator in the engine's order (its children level by
+level, then the verifier's uniforms and bonus), and drafting follows DraftModelDrafter.propose
+without pruning, so the batch changes only which kernels compute the logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from redwood.backends.llamacpp_multi import Append, TreeNodes
+from redwood.decode.draft_model import DraftModelDrafter
+from redwood.decode.sampling import process_logits, sample_token
+from redwood.decode.verify import verify_greedy, verify_tree
+from redwood.plan.batch_planner import ROOT_ONLY
+from redwood.plan.tree import Tree
+
+# A request whose draft lags by more than this many tokens does not speculate this step: its
+# draft catches up by chunks first (prefill_chunk tokens a step for all such requests).
+CATCH_UP = 16
+
+
+@dataclass(eq=False)
+class Work:
+    """One ready request's part of the step."""
+    live: object                      # batching.Live
+    tree: Tree
+    tokens: torch.Tensor | None = None        # [n] long, node tokens (tokens[0] = root)
+    draft_probs: torch.Tensor | None = None   # [n, V] float32 at nodes that got sampled children
+    ran: set = field(default_factory=set)     # nodes the draft ran (they had children)
+    catch_up: bool = False                    # planned a tree, but its draft lags: root only
+    logits: torch.Tensor | None = None        # [n, V] target logits after each node
+
+    @property
+    def speculative(self) -> bool:
+        return len(self.tree) > 1
+
+
+_CHAINS: dict[int, Tree] = {}
+
+
+def method_trees(work: list[Work]) -> None:
+    """The `chain` method runs one child per level, as deep as the planned tree (the engine's
+    rule); the batch planner already plans chains for it (its p has one entry), a fixed tree
+    is turned into one here."""
+    for w in work:
+        if w.live.request.method == "chain" and any(len(k) > 1 for k in w.tree.children):
+            depth = w.tree.num_levels
+            if depth not in _CHAINS:
+                _CHAINS[depth] = Tree(list(range(-1, depth - 1)), {"kind": "chain"})
+            w.tree = _CHAINS[depth]
+
+
+def hold_back_lagging_drafts(scheduler, work: list[Work]) -> None:
+    """A request given a tree whose draft lags more than CATCH_UP tokens (a fresh prompt, or a
+    stretch without speculation) runs its root alone this step and catches up instead."""
+    if scheduler.draft is None:
+        return
+    for w in work:
+        if w.speculative and len(w.live.pending) > CATCH_UP:
+            w.tree, w.catch_up = ROOT_ONLY, True
+
+
+def draft_phase(scheduler, work: list[Work]) -> int:
+    """Draft every speculative tree: one decode for every request's pending tokens + root (and
+    catch-up chunks), then one per level that has children. Returns the draft decodes run."""
+    draft = scheduler.draft
+    if draft is None:
+        return 0
+    spec = [w for w in work if w.speculative]
+    items = [(w.live.draft_lane, w.live.pending + [w.live.root], 1) for w in spec]
+    room = scheduler.prefill_chunk
+    for w in sorted((w for w in work if w.catch_up), key=lambda w: len(w.live.pending)):
+        if room > 0:
+            chunk, w.live.pending = w.live.pending[:room], w.live.pending[room:]
+            items.append((w.live.draft_lane, chunk, 0))
+            room -= len(chunk)
+    logits, decodes = run_appends(draft, items)
+    expanding = {}
+    for w, rows in zip(spec, logits):
+        w.live.pending = []
+        w.tokens = torch.empty(len(w.tree), dtype=torch.long)
+        w.tokens[0] = w.live.root
+        expanding[w] = ([0], rows)
+    holders = {w: {} for w in spec}
+    while expanding:
+        jobs, nodes_of = [], {}
+        for w, (nodes, rows) in expanding.items():
+            tree = w.tree
+            DraftModelDrafter._assign_children(tree, nodes, rows, w.tokens, w.live.chooser,
+                                               len(tree), holders[w], False)
+            level = [kid for u in nodes for kid in tree.children[u] if tree.children[kid]]
+            if level:
+                lane = w.live.draft_lane
+                jobs.append(TreeNodes(lane, tree, level, w.tokens[level], lane.length - 1))
+                nodes_of[w] = level
+        if not jobs:
+            break
+        outs = draft.decode(jobs)
+        decodes += 1
+        expanding = {w: (nodes_of[w], out) for w, out in zip(nodes_of, outs)}
+        for w, level in nodes_of.items():
+            w.ran.update(level)
+    for w in spec:
+        w.draft_probs = holders[w].get("probs")
+    return decodes
+
+
+def target_phase(scheduler, work: list[Work]) -> int:
+    """ONE target decode: every request's tree (the root alone when it does not speculate),
+    plus prompt chunks of new requests in the room left. Returns its token count."""
+    target = scheduler.target
+    jobs = []
+    for w in work:
+        lane = w.live.target_lane
+        if w.speculative:
+            jobs.append(TreeNodes(lane, w.tree, range(len(w.tree)), w.tokens, lane.length))
+        else:
+            jobs.append(Append(lane, [w.live.root], rows=1))
+    used = sum(len(w.tree) for w in work)
+    chunks = prefill_chunks(scheduler, target.n_batch - used)
+    jobs += [Append(live.target_lane, ids, 0) for ids, live in chunks]
+    if not jobs:
+        return 0
+    outs = target.decode(jobs)
+    for w, out in zip(work, outs):
+        w.logits = out
+    for ids, live in chunks:
+        live.prefilled += len(ids)
+    return used + sum(len(ids) for ids, _ in chunks)
+
+
+def verify(scheduler, w: Work) -> list[int]:
+    """Verify one request's tree with the engine's rules; keep the path in both lanes.
+    Returns the step's new tokens (accepted path, then the bonus)."""
+    live, params = w.live, w.live.request.params
+    if not w.speculative:                      # the root was appended: sample the next token
+        logits = w.logits[0]
+        if params.greedy:
+            bonus = int(logits.argmax())
+        else:
+            probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
+            bonus = int(sample_token(probs, live.generator))
+        if live.draft_lane is not None:
+            live.pending.append(live.root)     # committed in the target, never run by the draft
+        return [bonus]
+    tree = w.tree
+    if params.greedy:
+        path, bonus = verify_greedy(w.logits.argmax(dim=-1), w.tokens, tree)
+    else:
+        probs = process_logits(w.logits, params.temperature, params.top_k, params.top_p)
+        path, bonus = verify_tree(probs, w.draft_probs, w.tokens, tree,
+                                  live.chooser.replacement, live.generator)
+    scheduler.target.keep_path(live.target_lane, path)
+    scheduler.draft.keep_path(live.draft_lane, [u for u in path[1:] if u in w.ran])
+    live.pending = [int(w.tokens[u]) for u in path[1:] if u not in w.ran]
+    return [int(w.tokens[u]) for u in path[1:]] + [int(bonus)]
+
+
+def prefill_chunks(scheduler, room: int) -> list[tuple]:
+    """(ids, live) prompt chunks for requests still prefilling the target, at most `room` and
+    prefill_chunk tokens in all. The shortest remaining prompt goes first (then the earliest
+    admitted), so a short request is not stuck behind a long prompt's chunks: its first token
+    comes a step after admission."""
+    room = min(room, scheduler.prefill_chunk)
+    chunks = []
+    waiting = [x for x in scheduler.live if not x.ready]
+    for live in sorted(waiting, key=lambda x: len(x.prefix) - x.prefilled):
+        if room <= 0:
+            break
+        ids = live.prefix[live.prefilled:live.prefilled + room]
+        chunks.append((ids, live))
+        room -= len(ids)
+    return chunks
+
+
+def run_appends(ctx, items: list[tuple]) -> tuple[list, int]:
+    """Run causal appends (lane, ids, rows) packed into as few decodes of at most n_batch
+    tokens as possible (an item may be split: its rows come from its last piece). Returns
+    (each item's logits [rows, V], decodes run)."""
+    groups, group, room = [], [], ctx.n_batch
+    for index, (lane, ids, rows) in enumerate(items):
+        start = 0
+        while start < len(ids):
+            if room == 0:
+                groups.append(group)
+                group, room = [], ctx.n_batch
+            take = min(room, len(ids) - start)
+            end = start + take
+            group.append((index, lane, ids[start:end], max(0, rows - (len(ids) - end))))
+            start, room = end, room - take
+    if group:
+        groups.append(group)
+    results = [torch.empty(0, ctx.vocab_size) for _ in items]
+    for group in groups:
+        # One piece per lane per decode: items are distinct lanes, an item's pieces fall in
+        # successive decodes.
+        outs = ctx.decode([Append(lane, ids, rows) for _, lane, ids, rows in group])
+        for (index, _, _, rows), out in zip(group, outs):
+            if rows:
+                results[index] = out
+    return results, len(groups)

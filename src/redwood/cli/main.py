@@ -158,12 +158,19 @@ def _cmd_generate(args):
 
 
 def _add_demo(sub):
-    p = sub.add_parser("demo", help="complete a HumanEval prompt with sequoia and autoregressive",
-                       description="Load the shipped pair (building its cache on first use), "
-                       "complete one HumanEval prompt greedily with sequoia and with the target "
-                       "alone, show both and the measured speedup.")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--problem", type=int, default=0, help="index into the evaluation split")
+    p = sub.add_parser("demo", help="redwood beside plain decoding on the same runtime",
+                       description="Load the shipped pair (assembling or building its cache and "
+                       "measuring this machine on first use), run one task greedily with redwood "
+                       "and with the runtime's plain decoding (plain llama.cpp on the llama.cpp "
+                       "backend), show both and the measured speedup.")
+    p.add_argument("--task", default="edit", choices=["edit", "humaneval"],
+                   help="edit: rename a function in a pasted module (prompt-lookup drafts); "
+                   "humaneval: complete a HumanEval prompt (the tuned bundle)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default: 256 for the edit task (a whole module comes back), 96 otherwise")
+    p.add_argument("--problem", type=int, default=None,
+                   help="which task of the set (default: edit task 3, whose renamed function is "
+                   "the module's last, so most of the answer copies the input; HumanEval 0)")
     _add_model_args(p)
     p.set_defaults(func=_cmd_demo)
 
@@ -171,7 +178,10 @@ def _add_demo(sub):
 def _cmd_demo(args):
     from redwood.cli.demo import run_demo
 
-    return run_demo(_model_config(args), args.max_new_tokens, args.problem)
+    edit = args.task == "edit"
+    tokens = args.max_new_tokens if args.max_new_tokens is not None else (256 if edit else 96)
+    problem = args.problem if args.problem is not None else (3 if edit else 0)
+    return run_demo(_model_config(args), tokens, problem, args.task)
 
 
 # --- serve (server issue) ------------------------------------------------------------
@@ -237,7 +247,10 @@ def _cmd_serve(args):
     model_config = _model_config(args)
     if args.max_batch is not None and args.max_batch < 1:
         raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
-    if backend == "llamacpp" and args.max_batch != 1:
+    if args.drafter != "model" and backend == "llamacpp" and args.max_batch not in (None, 1):
+        raise RedwoodError("continuous batching drafts with the draft model; use --max-batch 1 "
+                           "with --drafter ngram (one request at a time)")
+    if backend == "llamacpp" and args.max_batch != 1 and args.drafter == "model":
         from redwood.serve.batch_setup import load_batch_scheduler
 
         engine, tokenizer = load_batch_scheduler(args.model, args.target, args.draft, args.tree,
@@ -247,6 +260,8 @@ def _cmd_serve(args):
               file=sys.stderr)
     else:
         engine, tokenizer = load_engine(model_config)
+        if args.drafter != "model":
+            bundle = None                       # the n-gram drafter sizes its own trees
     if bundle is not None:
         config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:

@@ -21,6 +21,10 @@ def _no_tree(args):
     if args.tree is not None:
         raise RedwoodError(f"--tree does not apply to `redwood {args.verb}` (it measures the "
                            "models; `redwood tune` makes trees)")
+    if getattr(args, "drafter", "model") != "model":
+        raise RedwoodError(f"--drafter {args.drafter} does not apply to `redwood {args.verb}`: it "
+                           "measures the draft model; the n-gram drafter needs no calibration (it "
+                           "learns its acceptance online, sized by the first-use machine profile)")
 
 
 def _writable_file(path, flag):

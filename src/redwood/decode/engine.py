@@ -149,23 +149,11 @@ class Engine:
         stats = StepStats(accepted_at_depth=[0] * (layout.tree.num_levels - 1 if speculative else 0))
         target, prompt = self.target_backend, prompt.to(self.device)
 
-        # Speculative: prefill both models with every prompt token but the last, which
-        # becomes the first root, so even the first new token comes from a verified step.
-        # Plain decoding: prefill the whole prompt and take the first token from its last
-        # row, exactly as the runtime's own generation loop does (llama.cpp's kernels differ
-        # by batch size, so this keeps near-ties resolved as plain llama.cpp resolves them).
         start = self._clock()
-        target.reset()
         drafter = self.drafter if speculative else None
-        first_logits = None
-        if drafter is None:
-            first_logits = target.append(prompt, rows=1)
-        else:
-            target.append(prompt[:-1], rows=0)
-        if drafter is not None:
-            drafter.prefill(prompt[:-1])
-            chooser = ChildChooser.for_request(params, options.method, generator)
+        first_logits = self._prefill(prompt, drafter)
         prefill_seconds = self._clock() - start
+        chooser = ChildChooser.for_request(params, options.method, generator)
         governor = None
         if drafter is not None and self.profile is not None:
             plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
@@ -201,6 +189,20 @@ class Engine:
             root = tokens[-1]
             yield new_tokens
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
+
+    def _prefill(self, prompt, drafter):
+        """Speculative (a drafter given): prefill both models with every prompt token but the
+        last, which becomes the first root, so even the first new token comes from a verified
+        step; returns None. Plain decoding: prefill the whole prompt and return its last row's
+        logits [1, V] for the first token, exactly as the runtime's own generation loop does
+        (llama.cpp's kernels differ by batch size, so near-ties resolve as plain llama.cpp's)."""
+        target = self.target_backend
+        target.reset()
+        if drafter is None:
+            return target.append(prompt, rows=1)
+        target.append(prompt[:-1], rows=0)
+        drafter.prefill(prompt[:-1])
+        return None
 
     def _autoregressive_step(self, root, params, generator, stats):
         start = self._clock()

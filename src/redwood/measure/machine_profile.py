@@ -41,6 +41,7 @@ def profile_key(target, draft) -> dict:
     versions = {"redwood": _version("redwood"), "torch": torch.__version__}
     if getattr(target, "kind", "hf") == "llamacpp":
         versions["llama_cpp"] = _version("llama_cpp_python")
+        versions["llama_cpp_build"] = _llama_build_id()
     return {"cpu": cpu_model(), "threads": _threads(target), "backend": getattr(target, "kind", "hf"),
             "device": str(target.device),
             "target": _model_id(target), "draft": _model_id(draft), "versions": versions}
@@ -146,6 +147,20 @@ def _threads(backend) -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def _llama_build_id() -> str:
+    """Which build of llama.cpp's libraries is installed (the same version built for other
+    instruction sets runs at other speeds): a digest of their names and sizes."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return "none"
+    lib = Path(spec.origin).parent / "lib"
+    files = sorted(lib.glob("*.so*")) + sorted(lib.glob("*.dylib")) if lib.is_dir() else []
+    text = ";".join(f"{f.name}:{f.stat().st_size}" for f in files)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _version(dist: str) -> str:

@@ -25,7 +25,7 @@ import torch
 
 from redwood.backends.base import tree_limits_error
 from redwood.backends.gguf_header import check_gguf, file_type_name
-from redwood.backends.llamacpp_batch import NativeBatch, TreeSeqs
+from redwood.backends.llamacpp_batch import NativeBatch, TreeSeqs, check_path
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -279,19 +279,7 @@ class LlamaCppBackend:
             return
         if step is None:
             raise RedwoodError("keep_path: no tree nodes have been run since the last keep_path")
-        parents = step["layout"].parents
-        if not 0 <= nodes[0] < len(parents):
-            raise RedwoodError(f"keep_path node {nodes[0]} is out of range")
-        if (nodes[0] != 0) if step["root_run"] else (parents[nodes[0]] != 0):
-            start = "the root, node 0" if step["root_run"] else "a child of the committed root"
-            raise RedwoodError(f"keep_path must start at {start}; got node {nodes[0]}")
-        for a, b in zip(nodes, nodes[1:]):
-            if not 0 <= b < len(parents) or parents[b] != a:
-                raise RedwoodError(f"keep_path nodes {nodes} are not a chain "
-                                   f"(node {b} is not a child of {a})")
-        missing = [u for u in nodes if u not in step["ran"]]
-        if missing:
-            raise RedwoodError(f"keep_path: nodes {missing} were not run this step")
+        check_path(step, nodes)
         last = nodes[-1]
         position = step["root"] + int(step["layout"].depths[last])
         seq = int(step["layout"].seqs[last][0])     # a leaf sequence through the kept path

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from redwood.errors import RedwoodError
+
 from redwood.plan.tree import Tree
 
 
@@ -76,3 +78,21 @@ class NativeBatch:
             self.seq_rows = []
             self._llama.llama_batch_free(self.batch)
             self.batch = None
+
+
+def check_path(step: dict, nodes: list[int]) -> None:
+    """keep_path's chain rules: `nodes` is a chain of nodes run this step, starting at the
+    tentative root (node 0) or at a child of the committed root."""
+    parents = step["layout"].parents
+    if not 0 <= nodes[0] < len(parents):
+        raise RedwoodError(f"keep_path node {nodes[0]} is out of range")
+    if (nodes[0] != 0) if step["root_run"] else (parents[nodes[0]] != 0):
+        start = "the root, node 0" if step["root_run"] else "a child of the committed root"
+        raise RedwoodError(f"keep_path must start at {start}; got node {nodes[0]}")
+    for a, b in zip(nodes, nodes[1:]):
+        if not 0 <= b < len(parents) or parents[b] != a:
+            raise RedwoodError(f"keep_path nodes {nodes} are not a chain "
+                               f"(node {b} is not a child of {a})")
+    missing = [u for u in nodes if u not in step["ran"]]
+    if missing:
+        raise RedwoodError(f"keep_path: nodes {missing} were not run this step")

@@ -30,7 +30,7 @@ import torch
 
 from redwood.backends.base import tree_limits_error
 from redwood.backends.llamacpp import LLAMA_MAX_SEQ, LlamaCppBackend
-from redwood.backends.llamacpp_batch import TreeSeqs
+from redwood.backends.llamacpp_batch import TreeSeqs, check_path
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -274,7 +274,7 @@ class MultiSeqContext:
         step = lane.step
         if step is None:
             raise RedwoodError("keep_path: no tree nodes have been run since the last keep_path")
-        _check_path(step, nodes)
+        check_path(step, nodes)
         last = nodes[-1]
         position = step["root"] + int(step["layout"].depths[last])
         keep = lane.base + int(step["layout"].seqs[last][0])    # a leaf id through the path
@@ -317,18 +317,3 @@ class MultiSeqContext:
         return self._layouts[key]
 
 
-def _check_path(step: dict, nodes: list[int]) -> None:
-    """keep_path's chain rules (the same as LlamaCppBackend.keep_path's)."""
-    parents = step["layout"].parents
-    if not 0 <= nodes[0] < len(parents):
-        raise RedwoodError(f"keep_path node {nodes[0]} is out of range")
-    if (nodes[0] != 0) if step["root_run"] else (parents[nodes[0]] != 0):
-        start = "the root, node 0" if step["root_run"] else "a child of the committed root"
-        raise RedwoodError(f"keep_path must start at {start}; got node {nodes[0]}")
-    for a, b in zip(nodes, nodes[1:]):
-        if not 0 <= b < len(parents) or parents[b] != a:
-            raise RedwoodError(f"keep_path nodes {nodes} are not a chain "
-                               f"(node {b} is not a child of {a})")
-    missing = [u for u in nodes if u not in step["ran"]]
-    if missing:
-        raise RedwoodError(f"keep_path: nodes {missing} were not run this step")

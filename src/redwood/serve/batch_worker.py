@@ -20,7 +20,7 @@ from redwood.decode.detokenize import IncrementalText
 from redwood.serve.batching import BatchRequest, BatchScheduler
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError
-from redwood.serve.worker import Job, Outcome, QueueFull
+from redwood.serve.worker import Job, Outcome, enqueue
 
 log = logging.getLogger("redwood.serve.app")
 _IDLE_POLL_SECONDS = 0.05
@@ -148,12 +148,7 @@ class BatchWorker:
             raise APIError(400, f"the request needs {need} KV cells but the batch cache holds "
                            f"{self.scheduler.cell_capacity}; lower max_tokens",
                            code="context_length_exceeded")
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull() from None
-        finally:
-            self.metrics.queue_length.set(self.queue.qsize())
+        enqueue(self.queue, job, self.metrics)
 
     def _serve_forever(self) -> None:
         scheduler = self.scheduler

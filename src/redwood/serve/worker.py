@@ -52,6 +52,17 @@ class QueueFull(Exception):
     pass
 
 
+def enqueue(jobs: queue.Queue, job: Job, metrics) -> None:
+    """Put `job` on a bounded queue (QueueFull when it is full: the caller answers 429) and
+    publish the queue length."""
+    try:
+        jobs.put_nowait(job)
+    except queue.Full:
+        raise QueueFull() from None
+    finally:
+        metrics.queue_length.set(jobs.qsize())
+
+
 class GenerationWorker:
     """Owns the engine; `submit` enqueues (or raises QueueFull), one thread generates."""
 
@@ -86,12 +97,7 @@ class GenerationWorker:
         self.thread = None
 
     def submit(self, job: Job) -> None:
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull() from None
-        finally:
-            self.metrics.queue_length.set(self.queue.qsize())
+        enqueue(self.queue, job, self.metrics)
 
     def _serve_forever(self) -> None:
         while True:

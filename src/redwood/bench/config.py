@@ -45,7 +45,7 @@ class BenchConfig:
 
     def check(self) -> None:
         """RedwoodError on bad input, before any model loads."""
-        from redwood.decode.engine import check_sampling
+        from redwood.decode.params import check_sampling
         from redwood.prompts import EVALUATION
 
         _positive(self.prompts, "--prompts")

@@ -140,7 +140,7 @@ def _add_calibrate(sub):
 
 def _cmd_calibrate(args):
     from redwood.measure.calibrate import calibrate
-    from redwood.decode.engine import check_sampling
+    from redwood.decode.params import check_sampling
     from redwood.measure.tune import QUICK_SETTINGS, load_models, prompts_for
 
     _no_tree(args)

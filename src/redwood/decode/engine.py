@@ -19,7 +19,7 @@ from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.governor import Governor, step_ms
 from redwood.decode.layout import LayoutCache
-from redwood.decode.params import SamplingParams, check_draft_confidence, check_sampling  # noqa: F401
+from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree

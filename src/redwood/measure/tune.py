@@ -45,7 +45,7 @@ class TuneSettings:
     draft_confidence: float | None = None   # adaptive trees' threshold; None: redwood.plan.adaptive's estimate
 
     def check(self) -> None:
-        from redwood.decode.engine import check_draft_confidence, check_sampling
+        from redwood.decode.params import check_draft_confidence, check_sampling
 
         if not self.temperatures:
             raise RedwoodError("give at least one temperature")

@@ -33,7 +33,18 @@ def ngram_drafter():
     return NgramDrafter(learn=False)
 
 
-FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter}
+def hybrid_drafter():
+    # A flat profile and probe_every=0: the model drafts every step and every useful n-gram
+    # node is grafted, so proposals depend on the committed text only (no live-rate state).
+    from redwood.decode.hybrid_drafter import HybridDrafter
+    from redwood.plan.formats import Profile
+
+    flat = Profile({n: 10.0 for n in range(1, 33)}, {w: 0.01 for w in range(1, 33)})
+    return HybridDrafter(draft_model_drafter(), NgramDrafter(target_ms=flat.target_ms, learn=False),
+                         Tree([-1, 0, 0, 1]), flat, 2.0, probe_every=0)
+
+
+FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter, "hybrid": hybrid_drafter}
 
 
 @pytest.fixture(params=list(FACTORIES))

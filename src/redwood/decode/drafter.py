@@ -25,6 +25,8 @@ class Proposal:
     point_mass: torch.Tensor | None = None  # [n] bool: node i was proposed deterministically
     draft_seconds: float = 0.0
     draft_forwards: int = 0
+    sources: list[str] | None = None        # [n] who proposed node i ("root", "model", "ngram");
+                                            # None = the root, then the drafter's one source
 
 
 @runtime_checkable

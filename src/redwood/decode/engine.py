@@ -236,8 +236,12 @@ class Engine:
                                       chooser.replacement, generator, proposal.point_mass)
         target.keep_path(path)
         self.drafter.commit(path, proposal.tokens)
-        for depth in range(1, len(path)):
+        for depth in range(1, min(len(path), len(stats.accepted_at_depth) + 1)):
             stats.accepted_at_depth[depth - 1] += 1
+        if proposal.sources is not None:
+            for u in path[1:]:
+                source = proposal.sources[u]
+                stats.accepted_by_source[source] = stats.accepted_by_source.get(source, 0) + 1
         if governor is not None:
             governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards))
         return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]

@@ -64,13 +64,22 @@ def step_ms(profile, tree, draft_levels: int) -> float:
     """Predicted ms of a step from a machine profile: the target's forward over the tree's
     nodes (root included; the nearest measured size at or above, scaled beyond the largest)
     plus the draft's forwards over the first `draft_levels` levels (0 for a free drafter)."""
+    return target_ms(profile, len(tree)) + draft_ms(profile, tree, draft_levels)
+
+
+def target_ms(profile, n: int) -> float:
+    """The target's forward over n tokens: the nearest measured size at or above n, scaled
+    linearly beyond the largest."""
     sizes = sorted(profile.target_ms)
-    n = len(tree)
     above = [s for s in sizes if s >= n]
-    target = profile.target_ms[above[0]] if above else profile.target_ms[sizes[-1]] * n / sizes[-1]
+    return profile.target_ms[above[0]] if above else profile.target_ms[sizes[-1]] * n / sizes[-1]
+
+
+def draft_ms(profile, tree, draft_levels: int) -> float:
+    """The draft's forwards over the first `draft_levels` levels of `tree`."""
     widest = max(profile.draft_ms)
     draft = 0.0
     for width in tree.level_sizes[:draft_levels]:
         level = profile.draft_level_ms(width)
         draft += level if level is not None else profile.draft_ms[widest] * width / widest
-    return target + draft
+    return draft

@@ -122,21 +122,33 @@ class NgramDrafter:
         """The part of the n-gram trie below `root` that maximises E(n) / t(n), within the
         requested tree's limits. min_confidence > 0 also drops nodes whose estimated
         acceptance c is below it (a drafter-side number: exactness is kept)."""
+        start = self.clock()
+        limits = tree_limits(layout.tree)
+        trie, taken, values = self.lookup(root, limits, bool(choose.greedy), min_confidence)
+        n, _ = self.best_size(values, limits[0])
+        return self.proposal(trie, taken[:n - 1], layout, self.clock() - start)
+
+    def lookup(self, root: int, limits: tuple[int, int, int], greedy: bool,
+               min_confidence: float = 0.0):
+        """One step's lookup: learn from the previous step, append `root`, build the trie and
+        take its nodes best-first within `limits` (nodes, leaves, depth). Returns (trie, taken
+        node ids, their path values); the caller proposes a prefix of `taken` and commits."""
         if self._open:
             raise RedwoodError("NgramDrafter.propose called twice without commit")
-        start = self.clock()
         root = int(root)
         self._learn_from_last(root)
         self.index.append(root)
-        limits = _limits(layout.tree)
         trie = build_trie(root, self.index.candidates(self.max_continuations,
                                                       min(self.max_length, limits[2])))
-        greedy = bool(choose.greedy)
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
-        n = self._best_size(values, limits[0])
-        parents, order = bfs_subtree(trie, set(taken[:n - 1]))
         self._last, self._accepted, self._open = (trie, greedy), [], True
+        return trie, taken, values
+
+    def proposal(self, trie: list[TrieNode], keep: list[int], layout: TreeLayout,
+                 seconds: float) -> Proposal:
+        """The root plus the trie nodes `keep` (closed under parents), all point masses."""
+        parents, order = bfs_subtree(trie, set(keep))
         device = layout.depths.device
         if self.layouts is None or self.layouts.device != device:
             self.layouts = LayoutCache(device)
@@ -145,13 +157,17 @@ class NgramDrafter:
         tokens = torch.tensor([trie[u].token for u in order], dtype=torch.long, device=device)
         point_mass = torch.ones(len(order), dtype=torch.bool, device=device)
         point_mass[0] = False                                     # the root is not proposed
-        return Proposal(tokens, None, out, point_mass, self.clock() - start, 0)
+        return Proposal(tokens, None, out, point_mass, seconds, 0,
+                        sources=["root"] + ["ngram"] * (len(order) - 1))
 
     def commit(self, path: list[int], tokens: torch.Tensor) -> None:
         """Append the accepted tokens (the root was appended by propose) to the index."""
-        accepted = [int(tokens[i]) for i in path[1:]]
+        self.commit_tokens([int(tokens[i]) for i in path[1:]])
+
+    def commit_tokens(self, accepted: list[int]) -> None:
+        """The target accepted these drafted tokens after this step's root."""
         self.index.extend(accepted)
-        self._accepted, self._open = accepted, False
+        self._accepted, self._open = list(accepted), False
 
     def skip(self, root: int) -> None:
         """A plain target step consumed `root` (no proposal, decode/governor.py): learn from
@@ -183,8 +199,9 @@ class NgramDrafter:
                 return
             at = match
 
-    def _best_size(self, values: list[float], max_nodes: int) -> int:
-        """argmax over measured n <= max_nodes of E(n) / t(n); ties to the smaller n."""
+    def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
+        """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n.
+        Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
         sizes = self.target_ms or {n: 1.0 for n in range(1, max_nodes + 1)}
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
@@ -193,10 +210,10 @@ class NgramDrafter:
                 rate = expected / sizes[n]
                 if best is None or rate > best:
                     best_n, best = n, rate
-        return best_n
+        return best_n, best
 
 
-def _limits(tree: Tree) -> tuple[int, int, int]:
+def tree_limits(tree: Tree) -> tuple[int, int, int]:
     """(nodes, leaves, depth in edges) of the requested tree: the proposal stays within them."""
     leaves = sum(1 for kids in tree.children if not kids)
     return len(tree), leaves, tree.num_levels - 1

@@ -16,6 +16,9 @@ class StepStats:
     plain_steps: int = 0              # steps the governor ran without drafting (speculation lost)
     # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)
+    # drafted tokens the target accepted, by who proposed them ("model", "ngram"); filled
+    # only by drafters that tag their nodes (Proposal.sources)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
 
     @property
     def decode_seconds(self) -> float:
@@ -67,4 +70,5 @@ class GenerationResult:
             "draft_tokens_per_step": self.stats.draft_tokens_per_step,
             "plain_steps": self.stats.plain_steps,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
+            "accepted_by_source": dict(self.stats.accepted_by_source),
         }

@@ -1,0 +1,224 @@
+"""`HybridDrafter`: n-gram continuations and draft-model children in one tree per step.
+
+Each step it looks the suffix up in the n-gram index (free) and compares, on this machine's
+profile, three ways to spend the step (docs/design.md §4.6):
+- n-gram only: the best prefix of the n-gram trie, E(n) / t(n) by the n-gram cost model
+  (n = 1 is a plain target step);
+- the draft model's tree with the n-gram trie grafted onto it: the model's live rate, tokens
+  kept per predicted ms of its recent steps (a prior from the planner until it has run),
+  decayed like the governor's (decode/governor.py).
+The model runs only when its rate is the best, or as a probe after `probe_every` steps
+without it (what it yields changes within a text).
+
+Merging, and why it stays exact: the model drafts its tree as usual; then the trie is walked
+from the root. A trie child whose token equals a child the model proposed at the same node
+becomes that node (its continuation is grafted below it); any other is appended after the
+model's children as a point mass (q = δ_token). Every node is then verified under the law that
+proposed it (sampled children first, in their draw order, so the verifier's contract for them
+holds; docs/design.md §4.5). Which point masses are kept depends on the text and the draft's
+draws only, never on the target, so the output law is the target's.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from redwood.decode.draft_model import DraftModelDrafter
+from redwood.decode.drafter import ChildChooser, Proposal
+from redwood.decode.governor import draft_ms, step_ms, target_ms
+from redwood.decode.layout import LayoutCache, TreeLayout
+from redwood.decode.ngram_drafter import NgramDrafter, _bfs, tree_limits
+from redwood.errors import RedwoodError
+from redwood.plan.tree import Tree
+
+
+class HybridDrafter:
+    """Drafter protocol (redwood.decode.drafter) over a draft model and an n-gram index.
+
+    model_tree: the draft model's tree (planned for this machine); profile: this machine's
+    latency profile (plan.formats.Profile: target t(n), draft level costs); model_tokens: the
+    planner's expected tokens per step of model_tree (its prior, worth `prior_steps` steps).
+    The engine's tree is the step's budget (hybrid_budget_tree): merged trees stay within its
+    node count, leaf count and depth."""
+
+    def __init__(self, model: DraftModelDrafter, ngram: NgramDrafter, model_tree: Tree, profile,
+                 model_tokens: float, prior_steps: float = 2.0, decay: float = 0.8,
+                 probe_every: int = 8, clock=time.perf_counter):
+        if ngram.target_ms is None:
+            raise RedwoodError("HybridDrafter needs an NgramDrafter with target_ms (the profile's)")
+        if not model_tokens >= 1.0:
+            raise RedwoodError(f"model_tokens (expected tokens per step) must be >= 1, got "
+                               f"{model_tokens}")
+        self.model, self.ngram, self.profile = model, ngram, profile
+        self.model_tree, self.clock = model_tree, clock
+        self.model_layout = LayoutCache(model.backend.device)(model_tree)
+        self.layouts = LayoutCache(model.backend.device)
+        self.prior = (float(model_tokens) * prior_steps, step_ms(profile, model_tree,
+                                                                model_tree.num_levels) * prior_steps)
+        self.decay, self.probe_every = float(decay), int(probe_every)
+        self.prefill(torch.empty(0, dtype=torch.long))
+
+    # -- Drafter protocol ------------------------------------------------------------------
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        self.model.prefill(prompt_ids)
+        self.ngram.prefill(prompt_ids)
+        self.model_kept, self.model_ms = self.prior     # decayed tokens / predicted ms
+        self.without_model = 0                          # steps since the model last ran
+        self.steps = {"model": 0, "ngram": 0, "plain": 0}
+        self._step: tuple | None = None                 # (sources, model node ids) of the proposal
+
+    def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
+                min_confidence: float = 0.0) -> Proposal:
+        start = self.clock()
+        limits = tree_limits(layout.tree)
+        trie, taken, values = self.ngram.lookup(root, limits, bool(choose.greedy), min_confidence)
+        n, ngram_rate = self.ngram.best_size(values, limits[0])
+        if not self._use_model(ngram_rate):
+            self.without_model += 1
+            self.steps["plain" if n == 1 else "ngram"] += 1
+            proposal = self.ngram.proposal(trie, taken[:n - 1], layout, 0.0)
+            self._step = (proposal.sources, None)
+            self.model.skip(int(root))            # the model runs it with its next draft
+            proposal.draft_seconds = self.clock() - start
+            return proposal
+        self.without_model = 0
+        self.steps["model"] += 1
+        drafted = self.model.propose(root, self.model_layout, choose, min_confidence)
+        proposal = self._graft(drafted, trie, taken, values, limits, layout)
+        proposal.draft_seconds = self.clock() - start
+        return proposal
+
+    def commit(self, path: list[int], tokens: torch.Tensor) -> None:
+        sources, model_ids = self._step
+        accepted = [int(tokens[u]) for u in path[1:]]
+        self.ngram.commit_tokens(accepted)
+        if model_ids is None:                          # n-gram or plain step: the model catches up
+            self.model.pending.extend(accepted)
+        else:
+            # the model's nodes are a prefix of the path (grafts have no model children)
+            k = next((i for i, u in enumerate(path) if sources[u] == "ngram"), len(path))
+            self.model.commit([model_ids[u] for u in path[:k]], self._model_tokens)
+            self.model.pending.extend(accepted[k - 1:])
+            self.model_kept = self.decay * self.model_kept + len(path)
+            self.model_ms = self.decay * self.model_ms + self._step_ms
+        self._step = None
+
+    def skip(self, root: int) -> None:
+        """A plain target step (the engine's governor) consumed `root`."""
+        self.ngram.skip(root)
+        self.model.skip(root)
+
+    # -- internals -------------------------------------------------------------------------
+    def _use_model(self, ngram_rate: float) -> bool:
+        model_rate = self.model_kept / self.model_ms
+        return model_rate > ngram_rate or self.without_model >= self.probe_every
+
+    def _graft(self, drafted: Proposal, trie, taken, values, limits, layout) -> Proposal:
+        """The model's tree plus the n-gram nodes worth their rows (see module doc)."""
+        parents = list(drafted.layout.tree.parents)
+        tokens = drafted.tokens.tolist()
+        sources = ["root"] + ["model"] * (len(parents) - 1)
+        kids = [dict() for _ in parents]                   # node -> {token: child node}
+        for v in range(1, len(parents)):
+            kids[parents[v]].setdefault(tokens[v], v)
+        at = {0: 0}                                        # trie node -> tree node
+        depths = [int(d) for d in drafted.layout.tree.depths]
+        cost = self._cost(drafted.layout.tree, drafted.draft_forwards)
+        expected = self.model_kept / self.model_ms * cost(len(parents))
+        best = (expected / cost(len(parents)), len(parents))
+        for node, value in zip(taken, values):
+            item = trie[node]
+            parent = at.get(item.parent)
+            if parent is None:
+                break
+            merged = kids[parent].get(item.token)
+            if merged is not None:
+                at[node] = merged
+                continue
+            if len(parents) >= limits[0] or depths[parent] + 1 > limits[2] or \
+                    _leaves(parents, kids) + (1 if kids[parent] else 0) > limits[1]:
+                break
+            parents.append(parent)
+            tokens.append(item.token)
+            sources.append("ngram")
+            depths.append(depths[parent] + 1)
+            kids.append({})
+            kids[parent][item.token] = at[node] = len(parents) - 1
+            expected += value
+            rate = expected / cost(len(parents))
+            if rate > best[0]:
+                best = (rate, len(parents))
+        return self._merged(drafted, parents[:best[1]], tokens[:best[1]], sources[:best[1]],
+                            layout)
+
+    def _cost(self, drafted_tree: Tree, draft_forwards: int):
+        """n -> predicted ms of this step with n tree nodes (the draft's levels already run)."""
+        draft = draft_ms(self.profile, drafted_tree, draft_forwards)
+        return lambda n: target_ms(self.profile, n) + draft
+
+    def _merged(self, drafted: Proposal, parents, tokens, sources, layout) -> Proposal:
+        """Renumber breadth-first (model children before grafts) and build the Proposal."""
+        order = _bfs_order(parents)
+        index = {u: i for i, u in enumerate(order)}
+        new_parents = [-1] + [index[parents[u]] for u in order[1:]]
+        tree = Tree(new_parents, {"kind": "hybrid", "from": len(layout.tree)})
+        device = drafted.tokens.device
+        model_nodes = len(drafted.layout.tree)
+        probs = None
+        if drafted.draft_probs is not None:
+            probs = drafted.draft_probs.new_zeros((len(order), drafted.draft_probs.shape[-1]))
+            rows = [i for i, u in enumerate(order) if u < model_nodes]
+            probs[rows] = drafted.draft_probs[[order[i] for i in rows]]
+        new_sources = [sources[u] for u in order]
+        self._step = (new_sources, [u if u < model_nodes else None for u in order])
+        self._model_tokens = drafted.tokens
+        self._step_ms = target_ms(self.profile, len(tree)) + \
+            draft_ms(self.profile, drafted.layout.tree, drafted.draft_forwards)
+        return Proposal(torch.tensor([tokens[u] for u in order], dtype=torch.long, device=device),
+                        probs, self.layouts(tree),
+                        torch.tensor([s == "ngram" for s in new_sources], dtype=torch.bool,
+                                     device=device),
+                        0.0, drafted.draft_forwards, sources=new_sources)
+
+
+def _leaves(parents: list[int], kids: list[dict]) -> int:
+    return sum(1 for k in kids if not k)
+
+
+def _bfs_order(parents: list[int]) -> list[int]:
+    """Nodes in breadth-first order, each node's children in index order."""
+    children = [[] for _ in parents]
+    for v in range(1, len(parents)):
+        children[parents[v]].append(v)
+    order = [0]
+    for u in order:                              # `order` grows while we walk it
+        order.extend(children[u])
+    return order
+
+
+def hybrid_budget_tree(model_tree: Tree, ngram_tree: Tree) -> Tree:
+    """The engine's tree for a hybrid drafter: the model's tree and the n-gram budget side by
+    side under one root (its node count, leaf count and depth bound every merged tree, and
+    the backends check them before the first step)."""
+    parents = list(model_tree.parents)
+    offset = len(parents) - 1
+    for v in range(1, len(ngram_tree)):
+        p = ngram_tree.parents[v]
+        parents.append(0 if p == 0 else p + offset)
+    return Tree(_bfs(parents), {"kind": "hybrid budget", "model": len(model_tree),
+                                "ngram": len(ngram_tree)})
+
+
+def hybrid_drafting(engine, model_tree: Tree, profile, model_tokens: float,
+                    ngram_tree: Tree | None = None) -> tuple[HybridDrafter, Tree]:
+    """(drafter, the engine's budget tree) for an Engine with a draft model: the hybrid of its
+    draft model on `model_tree` and a fresh n-gram drafter on `profile`'s target costs."""
+    from redwood.decode.ngram_drafter import ngram_budget_tree
+
+    if engine.draft_backend is None:
+        raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")
+    model = DraftModelDrafter(engine.draft_backend, engine._clock, engine.layouts)
+    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms), model_tree,
+                            profile, model_tokens)
+    return drafter, hybrid_budget_tree(model_tree, ngram_tree or ngram_budget_tree())

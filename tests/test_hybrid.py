@@ -1,0 +1,154 @@
+"""The hybrid drafter (decode/hybrid_drafter.py): n-gram point masses and draft-model children in
+one tree. Greedy output equals plain greedy on both backends, sampling is exact (chi-square),
+merged trees have no duplicate siblings, and the cost model keeps the draft model off where it
+does not pay."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from redwood.decode.engine import Engine
+from redwood.decode.hybrid_drafter import HybridDrafter, hybrid_budget_tree, hybrid_drafting
+from redwood.decode.ngram_drafter import ngram_budget_tree
+from redwood.errors import RedwoodError
+from redwood.plan.formats import Profile
+from redwood.plan.tree import Tree
+from test_ngram import LLAMA_PROMPTS, NGRAM_PROMPT, repeated_prompt
+from tiny import tiny_model
+from tiny_gguf import tiny_gguf_pair  # noqa: F401  (session fixture)
+
+MODEL_TREE = Tree([-1, 0, 0, 1, 1, 2, 3])
+# Every size costs the same and the draft is nearly free: the model always runs and every
+# useful n-gram node is grafted (both sources are exercised).
+FLAT = Profile({n: 10.0 for n in range(1, 65)}, {w: 0.01 for w in range(1, 65)})
+# A steep target and a draft level costing as much as a target token (llama.cpp on a CPU).
+STEEP = Profile({1: 30.0, 2: 50.0, 3: 65.0, 4: 80.0, 8: 170.0, 16: 340.0, 32: 700.0},
+                {w: 30.0 for w in (1, 2, 4, 8, 16, 32)})
+
+
+def hybrid_engine(target, draft, profile=FLAT, model_tokens=2.0, tree=MODEL_TREE):
+    engine = Engine(target, draft, tree)
+    engine.drafter, engine.tree = hybrid_drafting(engine, tree, profile, model_tokens)
+    return engine
+
+
+def record_proposals(drafter: HybridDrafter) -> list:
+    """Wrap propose to keep every proposal (tree, tokens, sources)."""
+    seen, inner = [], drafter.propose
+
+    def propose(*args, **kwargs):
+        proposal = inner(*args, **kwargs)
+        seen.append(proposal)
+        return proposal
+    drafter.propose = propose
+    return seen
+
+
+def test_budget_tree_bounds_both_sources():
+    budget = hybrid_budget_tree(MODEL_TREE, ngram_budget_tree())
+    ngram = ngram_budget_tree()
+    leaves = lambda t: sum(1 for kids in t.children if not kids)  # noqa: E731
+    assert len(budget) == len(MODEL_TREE) + len(ngram) - 1
+    assert leaves(budget) == leaves(MODEL_TREE) + leaves(ngram)
+    assert budget.num_levels == max(MODEL_TREE.num_levels, ngram.num_levels)
+
+
+def test_refuses_an_engine_without_draft_model():
+    target = tiny_model("qwen2", vocab_size=32, seed=1)
+    from redwood.decode.ngram_drafter import NgramDrafter
+    engine = Engine(target, None, MODEL_TREE, drafter=NgramDrafter())
+    with pytest.raises(RedwoodError, match="needs a draft model"):
+        hybrid_drafting(engine, MODEL_TREE, FLAT, 2.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_equals_autoregressive_transformers_with_both_sources(arch):
+    target = tiny_model(arch, vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    # the same weights: a draft that agrees with the target, so its children get accepted
+    draft = tiny_model(arch, vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    engine = hybrid_engine(target, draft, model_tokens=3.0)
+    proposals = record_proposals(engine.drafter)
+    by_source = {"model": 0, "ngram": 0}
+    for seed in range(3):
+        prompt = repeated_prompt(seed, 96)
+        reference = engine.generate(prompt, 40, method="autoregressive", stop_on_eos=False)
+        result = engine.generate(prompt, 40, method="sequoia", stop_on_eos=False)
+        assert result.tokens == reference.tokens, (arch, seed)
+        for source, count in result.stats.accepted_by_source.items():
+            by_source[source] += count
+    assert by_source["model"] > 0 and by_source["ngram"] > 0, by_source
+    for proposal in proposals:               # merged: no two siblings share a token (greedy)
+        tree, tokens = proposal.layout.tree, proposal.tokens.tolist()
+        for kids in tree.children:
+            assert len({tokens[k] for k in kids}) == len(kids)
+        assert proposal.point_mass.tolist() == [s == "ngram" for s in proposal.sources]
+
+
+def test_greedy_equals_autoregressive_llamacpp(tiny_gguf_pair):
+    pytest.importorskip("llama_cpp")
+    from redwood.backends.llamacpp import LlamaCppBackend
+
+    options = dict(n_ctx=512, n_seq_max=32, n_batch=64, n_threads=1)
+    with LlamaCppBackend(tiny_gguf_pair[0], **options) as target, \
+            LlamaCppBackend(tiny_gguf_pair[1], **options) as draft:
+        engine = hybrid_engine(target, draft)
+        for prompt in LLAMA_PROMPTS:          # no near-ties on these (test_ngram checks)
+            reference = engine.generate(torch.tensor(prompt), 32, method="autoregressive",
+                                        stop_on_eos=False)
+            result = engine.generate(torch.tensor(prompt), 32, method="sequoia",
+                                     stop_on_eos=False)
+            assert result.tokens == reference.tokens, prompt
+            # the draft model holds (in its cache, or pending to run) exactly the text the
+            # drafter has committed (the n-gram index's stream)
+            drafter = engine.drafter
+            stream = drafter.ngram.index.tokens
+            shared = min(len(stream) - len(prompt), len(result.tokens))   # the last step is cut
+            assert stream[:len(prompt) + shared] == prompt + result.tokens[:shared]
+            assert draft.cache_length() + len(drafter.model.pending) == len(stream)
+            assert drafter.model.pending == stream[len(stream) - len(drafter.model.pending):]
+
+
+def test_steep_costs_keep_the_model_off_but_probing():
+    """With a draft level as dear as a target token and a weak prior, the model only runs
+    as a probe every `probe_every` steps; the n-gram side still drafts."""
+    target = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    draft = tiny_model("qwen2", vocab_size=96, seed=2, dtype=torch.float64, num_layers=1)
+    engine = hybrid_engine(target, draft, profile=STEEP, model_tokens=1.2)
+    prompt = repeated_prompt(0, 96)
+    reference = engine.generate(prompt, 40, method="autoregressive", stop_on_eos=False)
+    result = engine.generate(prompt, 40, method="sequoia", stop_on_eos=False)
+    assert result.tokens == reference.tokens
+    steps = engine.drafter.steps
+    total = sum(steps.values())
+    assert steps["model"] <= total // engine.drafter.probe_every + 1, steps
+    assert steps["ngram"] > 0, steps
+
+
+def test_prior_checks():
+    target = tiny_model("qwen2", vocab_size=32, seed=1)
+    engine = Engine(target, tiny_model("qwen2", vocab_size=32, seed=2), MODEL_TREE)
+    with pytest.raises(RedwoodError, match="model_tokens"):
+        hybrid_drafting(engine, MODEL_TREE, FLAT, 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(0.6, 1.0), (1.0, 1.0), (1.0, 0.8)])
+def test_first_two_tokens_follow_the_target_with_mixed_proposals(temperature, top_p):
+    """Sampled model children and point masses in one tree (NGRAM_PROMPT makes the n-gram
+    side propose two continuations below the root)."""
+    from test_engine_exactness import ALPHA, SAMPLES, VOCAB, chi_square_pvalue, exact_joint
+
+    target = tiny_model("qwen2", vocab_size=VOCAB, seed=21, hidden_size=16, num_layers=1, scale=3.0)
+    draft = tiny_model("qwen2", vocab_size=VOCAB, seed=22, hidden_size=16, num_layers=1, scale=3.0)
+    engine = hybrid_engine(target, draft, tree=Tree([-1, 0, 1]))
+    proposals = record_proposals(engine.drafter)
+    counts = np.zeros(VOCAB * VOCAB)
+    for seed in range(SAMPLES):
+        result = engine.generate(NGRAM_PROMPT, 2, temperature=temperature, top_p=top_p,
+                                 seed=seed, stop_on_eos=False)
+        counts[result.tokens[0] * VOCAB + result.tokens[1]] += 1
+    mixed = sum(1 for p in proposals if {"model", "ngram"} <= set(p.sources))
+    assert mixed > SAMPLES // 2, "proposals were rarely mixed: the test would not bite"
+    pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p, NGRAM_PROMPT))
+    assert pvalue > ALPHA, f"hybrid T={temperature} top_p={top_p}: p-value {pvalue:.2e}"

@@ -27,9 +27,9 @@ except ImportError:                 # pragma: no cover - older helper: the unrel
     write_perturbed_gguf = None
 
 REDWOOD = ("autoregressive", "chain", "specinfer", "sequoia", "sequoia_fixed", "sequoia_governed",
-           "ngram")
+           "ngram", "hybrid")
 PROMPTS, TOKENS = 2, 8
-EDIT_METHODS = ("llamacpp_plain", "autoregressive", "ngram", "sequoia_governed",
+EDIT_METHODS = ("llamacpp_plain", "autoregressive", "ngram", "hybrid", "sequoia_governed",
                 "llamacpp_prompt_lookup", "llamacpp_prompt_lookup_best")
 
 
@@ -204,7 +204,7 @@ def test_edit_sets_one_table_each_with_the_new_methods(edit_run):
 def test_new_methods_greedy_equal_and_tokens_by_source(llamacpp_run, edit_run):
     for summary, raw, _ in (llamacpp_run, edit_run):
         for r in raw:
-            if r["temperature"] == 0 and r["method"] in ("ngram", "sequoia_governed"):
+            if r["temperature"] == 0 and r["method"] in ("ngram", "hybrid", "sequoia_governed"):
                 assert r["greedy_matches_autoregressive"] is True, (r["method"], r["prompt"])
             if r["method"] == "ngram":
                 assert r["draft_source"] == "ngram" and r["draft_forwards"] == 0
@@ -214,6 +214,8 @@ def test_new_methods_greedy_equal_and_tokens_by_source(llamacpp_run, edit_run):
         for row in summary["summary"]:
             split = row["tokens_per_step_by_source"]
             assert sum(split.values()) == pytest.approx(row["tokens_per_step"])
+            if row["method"] == "hybrid":
+                assert set(split) <= {"target", "ngram", "model"}
             if row["method"] == "ngram":
                 assert set(split) <= {"target", "ngram"}
                 assert row["governor_plain_share"] is not None

@@ -114,3 +114,24 @@ def test_stream_text_applies_stop_strings(model_dirs, shipped_tokenizer):
                                on_text=pieces.append)
     assert text == "".join(pieces) == full[:full.find(stop)]
     assert result is not None and len(result.tokens) <= 16
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_free_and_hybrid_drafters_keep_greedy_output(model_dirs, shipped_tokenizer, capsys,
+                                                     tmp_path, monkeypatch, drafter):
+    """`--drafter ngram|hybrid` measure this machine once (a first-use profile in
+    REDWOOD_CACHE), then decode exactly what the target alone decodes greedily."""
+    root, target, draft = model_dirs
+    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2"
+    assert main(_args(root, prompt, "--max-new-tokens", "16", "--ignore-eos", "--json",
+                      "--drafter", drafter)) == 0
+    record = json.loads(capsys.readouterr().out)
+    ids = torch.tensor(shipped_tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    expected = Engine(target, draft, TREE).generate(ids, 16, method="autoregressive",
+                                                    stop_on_eos=False)
+    assert record["tokens"] == expected.tokens
+    assert sum(record["accepted"]) == 16
+    assert set(record["accepted_by_source"]) <= ({"ngram", "model"} if drafter == "hybrid"
+                                                 else {"ngram"})
+    assert any((tmp_path / "cache").rglob("*.json")), "no machine profile was cached"

@@ -41,7 +41,7 @@ def hybrid_drafter():
 
     flat = Profile({n: 10.0 for n in range(1, 33)}, {w: 0.01 for w in range(1, 33)})
     return HybridDrafter(draft_model_drafter(), NgramDrafter(target_ms=flat.target_ms, learn=False),
-                         Tree([-1, 0, 0, 1]), flat, 2.0, probe_every=0)
+                         flat, lambda t: (Tree([-1, 0, 0, 1]), 2.0), probe_every=0)
 
 
 FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter, "hybrid": hybrid_drafter}

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from redwood.decode.engine import Engine
-from redwood.decode.hybrid_drafter import HybridDrafter, hybrid_budget_tree, hybrid_drafting
+from redwood.decode.hybrid_drafter import (HybridDrafter, hybrid_budget_tree, hybrid_drafting,
+                                           limits_tree)
 from redwood.decode.ngram_drafter import ngram_budget_tree
 from redwood.errors import RedwoodError
 from redwood.plan.formats import Profile
@@ -29,7 +30,7 @@ STEEP = Profile({1: 30.0, 2: 50.0, 3: 65.0, 4: 80.0, 8: 170.0, 16: 340.0, 32: 70
 
 def hybrid_engine(target, draft, profile=FLAT, model_tokens=2.0, tree=MODEL_TREE):
     engine = Engine(target, draft, tree)
-    engine.drafter, engine.tree = hybrid_drafting(engine, tree, profile, model_tokens)
+    engine.drafter, engine.tree = hybrid_drafting(engine, lambda t: (tree, model_tokens), profile)
     return engine
 
 
@@ -45,12 +46,23 @@ def record_proposals(drafter: HybridDrafter) -> list:
     return seen
 
 
-def test_budget_tree_bounds_both_sources():
-    budget = hybrid_budget_tree(MODEL_TREE, ngram_budget_tree())
-    ngram = ngram_budget_tree()
-    leaves = lambda t: sum(1 for kids in t.children if not kids)  # noqa: E731
-    assert len(budget) == len(MODEL_TREE) + len(ngram) - 1
-    assert leaves(budget) == leaves(MODEL_TREE) + leaves(ngram)
+def leaves(tree: Tree) -> int:
+    return sum(1 for kids in tree.children if not kids)
+
+
+@pytest.mark.parametrize("nodes, width, depth", [(1, 1, 0), (5, 1, 4), (30, 8, 15), (12, 6, 3),
+                                                 (40, 12, 15)])
+def test_limits_tree_has_the_limits(nodes, width, depth):
+    tree = limits_tree(nodes, width, depth)
+    assert leaves(tree) == width and tree.num_levels - 1 == depth
+    assert len(tree) == max(nodes, depth + width) or depth == 0
+
+
+def test_budget_tree_bounds_every_plan_and_the_ngram_side():
+    ngram, wide = ngram_budget_tree(), Tree([-1, 0, 0, 0, 0, 1])
+    budget = hybrid_budget_tree([MODEL_TREE, wide], ngram)
+    assert len(budget) == max(len(MODEL_TREE), len(wide)) + len(ngram) - 1
+    assert leaves(budget) == max(leaves(MODEL_TREE), leaves(wide)) + leaves(ngram)
     assert budget.num_levels == max(MODEL_TREE.num_levels, ngram.num_levels)
 
 
@@ -59,7 +71,7 @@ def test_refuses_an_engine_without_draft_model():
     from redwood.decode.ngram_drafter import NgramDrafter
     engine = Engine(target, None, MODEL_TREE, drafter=NgramDrafter())
     with pytest.raises(RedwoodError, match="needs a draft model"):
-        hybrid_drafting(engine, MODEL_TREE, FLAT, 2.0)
+        hybrid_drafting(engine, lambda t: (MODEL_TREE, 2.0), FLAT)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -128,8 +140,9 @@ def test_steep_costs_keep_the_model_off_but_probing():
 def test_prior_checks():
     target = tiny_model("qwen2", vocab_size=32, seed=1)
     engine = Engine(target, tiny_model("qwen2", vocab_size=32, seed=2), MODEL_TREE)
-    with pytest.raises(RedwoodError, match="model_tokens"):
-        hybrid_drafting(engine, MODEL_TREE, FLAT, 0.5)
+    engine.drafter, engine.tree = hybrid_drafting(engine, lambda t: (MODEL_TREE, 0.5), FLAT)
+    with pytest.raises(RedwoodError, match="expected tokens per step"):
+        engine.generate(torch.tensor([3, 4, 5]), 4, stop_on_eos=False)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ METHOD_LABELS = {"autoregressive": "autoregressive (redwood)", "hf_generate": "H
                  "llamacpp_prompt_lookup": "llama.cpp prompt lookup",
                  "llamacpp_prompt_lookup_best": "llama.cpp prompt lookup (best k)",
                  "sequoia_governed": "sequoia (re-planned, governed)",
-                 "ngram": "n-gram (governed)"}
+                 "ngram": "n-gram (governed)", "hybrid": "hybrid n-gram + model (governed)"}
 
 
 def cpu_cores() -> int:

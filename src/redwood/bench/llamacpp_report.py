@@ -6,7 +6,7 @@ from __future__ import annotations
 from redwood.bench.common import METHOD_LABELS
 
 REDWOOD = ("autoregressive", "chain", "specinfer", "sequoia", "sequoia_fixed", "sequoia_adaptive",
-           "sequoia_governed", "ngram")
+           "sequoia_governed", "ngram", "hybrid")
 
 
 def _fmt(value, pattern="{:.2f}", missing="–") -> str:
@@ -90,7 +90,8 @@ def goal_lines(rows) -> list[str]:
                          f"{r['predicted_tokens_per_step']:.2f} ({100 * error:+.0f}%)")
             parts.append(text)
         for method, what in (("sequoia_governed", "governed sequoia (generate's default)"),
-                             ("ngram", "n-gram drafter (governed)")):
+                             ("ngram", "n-gram drafter (governed)"),
+                             ("hybrid", "hybrid drafter (governed)")):
             r = here.get(method)
             if r is not None:
                 parts.append(f"{what} {_ratio(r)}, {r['tokens_per_step']:.2f} tokens/step "

@@ -8,6 +8,9 @@
   template (`encode_prompt(chat=True)`). A tokenizer without a chat template (the tiny test
   models, the --quick byte tokenizer) gets the message as raw text instead, and the run's
   notes say so.
+- `chat`: general chat requests (creative writing, explanation, reasoning, arithmetic,
+  advice, summarising a given paragraph) from `redwood.chat_prompts`, the first N; little of
+  the answer copies the prompt. Encoded like the edit sets.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import torch
 from redwood.errors import RedwoodError
 
 EDIT_SETS = ("whole_file", "mixed", "low_copy")
-PROMPT_SETS = ("humaneval",) + EDIT_SETS
+CHAT_SETS = EDIT_SETS + ("chat",)          # one user message each, in the chat template
+PROMPT_SETS = ("humaneval",) + CHAT_SETS
 
 
 @dataclass
@@ -58,17 +62,26 @@ def load_prompt_sets(pair, sets, count: int) -> tuple[list[BenchPrompt], list[st
             prompts += [BenchPrompt(name, f"humaneval-{i}", ids, "raw")
                         for i, ids in enumerate(pair.encode(texts))]
             continue
-        from redwood.edit_tasks import edit_tasks
-
         chat = has_chat_template(pair.tokenizer)
-        for task in edit_tasks(name, count):
-            prompts.append(BenchPrompt(name, task.name,
-                                       encode_prompt(pair.tokenizer, task.prompt, chat=chat),
+        for prompt_name, text in _user_messages(name, count):
+            prompts.append(BenchPrompt(name, prompt_name,
+                                       encode_prompt(pair.tokenizer, text, chat=chat),
                                        "chat" if chat else "raw"))
         if not chat:
-            notes.append(f"prompt set {name}: the tokenizer has no chat template, so each edit "
+            notes.append(f"prompt set {name}: the tokenizer has no chat template, so each "
                          "request was encoded as raw text (the user message alone, no template)")
     return prompts, notes
+
+
+def _user_messages(name: str, count: int) -> list[tuple[str, str]]:
+    """(prompt name, user message) of the first `count` prompts of a chat-encoded set."""
+    if name == "chat":
+        from redwood.chat_prompts import chat_prompts
+
+        return [(prompt_name, text) for prompt_name, _, text in chat_prompts(count)]
+    from redwood.edit_tasks import edit_tasks
+
+    return [(task.name, task.prompt) for task in edit_tasks(name, count)]
 
 
 def describe_sets(prompts: list[BenchPrompt]) -> dict[str, dict]:

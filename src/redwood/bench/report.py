@@ -192,13 +192,23 @@ def _by_source(records) -> dict:
     each forward, and the drafted tokens it accepted, under their source ("model" or
     "ngram"); the share of steps a governor ran plain."""
     forwards = max(1, sum(r["target_forwards"] for r in records))
-    sources = {r.get("draft_source") for r in records} - {None}
     kept = sum(r.get("draft_tokens_kept") or 0 for r in records)
     total = sum(r["new_tokens"] for r in records)
     split = {"target": (total - kept) / forwards}
-    for source in sorted(sources):
-        split[source] = sum(r.get("draft_tokens_kept") or 0 for r in records
-                            if r.get("draft_source") == source) / forwards
+    credited: dict[str, float] = {}
+    for r in records:
+        # a hybrid run tags each accepted token; scale its counts to draft_tokens_kept (the
+        # last step's tokens beyond max_new_tokens are counted by the engine, not kept here)
+        tagged = r.get("kept_by_source") or {}
+        if tagged and sum(tagged.values()):
+            scale = (r.get("draft_tokens_kept") or 0) / sum(tagged.values())
+            for source, count in tagged.items():
+                credited[source] = credited.get(source, 0.0) + count * scale
+        elif r.get("draft_source") not in (None, "hybrid"):      # hybrid runs always tag
+            source = r["draft_source"]
+            credited[source] = credited.get(source, 0.0) + (r.get("draft_tokens_kept") or 0)
+    for source in sorted(credited):
+        split[source] = credited[source] / forwards
     plain = [r.get("governor_plain_steps") for r in records]
     share = (sum(plain) / forwards) if plain and all(x is not None for x in plain) else None
     return {"tokens_per_step_by_source": split, "governor_plain_share": share}

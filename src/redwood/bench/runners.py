@@ -55,6 +55,7 @@ class Measurement:
     end_to_end_seconds: float | None = None   # wall time of the whole call, prefill included
     draft_source: str | None = None  # who proposed the drafts: "model", "ngram" (None: plain)
     governor_plain_steps: int | None = None   # steps the governor ran plain (None: ungoverned)
+    kept_by_source: dict | None = None  # drafted tokens accepted per source (drafters that tag)
 
     @property
     def draft_tokens_kept(self) -> int:
@@ -83,7 +84,8 @@ class Measurement:
                 "end_to_end_seconds": self.end_to_end_seconds,
                 "acceptance_by_depth": self.acceptance_by_depth,
                 "draft_source": self.draft_source, "draft_tokens_kept": self.draft_tokens_kept,
-                "governor_plain_steps": self.governor_plain_steps}
+                "governor_plain_steps": self.governor_plain_steps,
+                "kept_by_source": self.kept_by_source}
 
 
 # --- redwood's own methods ----------------------------------------------------------------
@@ -94,7 +96,8 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0, source: s
     Plain decoding (autoregressive, or a tree of one node) takes its first token from the
     prefill's last row, so M - 1 tokens are made inside decode_seconds; speculative methods
     prefill all but the last prompt token and make all M inside it. `source` names who
-    drafts ("model" or "ngram"; plain decoding has none). A governed engine (one with a
+    drafts ("model", "ngram" or "hybrid": then each accepted token is credited to the source
+    that proposed it; plain decoding has none). A governed engine (one with a
     machine profile) also reports how many steps its governor ran plain."""
     plain = method == "autoregressive" or len(engine.tree) == 1
     governed = not plain and getattr(engine, "profile", None) is not None
@@ -115,7 +118,8 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0, source: s
             draft_seconds=stats.draft_seconds, other_seconds=stats.other_seconds,
             acceptance_by_depth=stats.acceptance_by_depth(), end_to_end_seconds=wall,
             draft_source=None if plain else source,
-            governor_plain_steps=stats.plain_steps if governed else None)
+            governor_plain_steps=stats.plain_steps if governed else None,
+            kept_by_source=dict(stats.accepted_by_source) if stats.accepted_by_source else None)
     return run
 
 

@@ -7,6 +7,10 @@ lookup at its best grid entry.
   use_ngram_drafter). A fresh drafter per request, so its online acceptance model starts
   from its priors every time, as in a fresh `redwood generate` (a long-running server would
   carry what it learned from one request to the next).
+- `hybrid`: n-gram continuations grafted onto the draft model's tree
+  (decode.hybrid_drafter), the model's trees the tuned bundle's vectors planned for this
+  machine (measure.hybrid_plans; without a bundle, the run's acceptance vector on the default
+  tree), governed: what `redwood generate --drafter hybrid` builds. Fresh per request.
 - `sequoia_governed`: the draft model on the tuned bundle's acceptance vectors re-planned for
   this machine's profile (measure.machine_profile.replan, adaptive when the bundle has
   adaptive trees), governed by that profile: what `redwood generate` does by default with a
@@ -46,6 +50,34 @@ def ngram_spec(factory, setting: Setting) -> MethodSpec:
                       "each step sized by its cost model; governed by the machine profile "
                       f"({factory.machine_profile_source()})",
                       "none (n-gram drafts: acceptance learned online per request)")
+
+
+def hybrid_spec(factory, setting: Setting) -> MethodSpec:
+    from redwood.decode.engine import Engine
+    from redwood.decode.hybrid_drafter import hybrid_drafting
+    from redwood.measure.hybrid_plans import hybrid_plans
+
+    profile, inputs, pair = factory.machine_profile(), factory.inputs, factory.pair
+    plans = hybrid_plans(profile, inputs.bundle)
+    engine = factory.cached_engine(("hybrid",), lambda: Engine(pair.target, pair.draft,
+                                                               profile=profile))
+    temperature = setting.temperature
+    engine.drafter, engine.tree = hybrid_drafting(engine, plans, profile, [temperature])
+    inner = redwood_runner(engine, "sequoia", source="hybrid")
+
+    def run(input_ids, setting, seed, max_new_tokens):             # fresh per request
+        engine.drafter, engine.tree = hybrid_drafting(engine, plans, profile, [temperature])
+        return inner(input_ids, setting, seed, max_new_tokens)
+
+    model_tree, expected = plans(temperature)
+    budget = engine.tree
+    return MethodSpec("hybrid", f"model n={len(model_tree)} + n-gram, n<={len(budget)}", run,
+                      None, budget, "HybridDrafter: n-gram trie grafted onto the draft model's "
+                      f"tree (n={len(model_tree)}, d={model_tree.num_levels}, prior "
+                      f"{expected:.2f} tokens/step, " + ("the tuned bundle planned for this "
+                      "machine" if inputs.bundle is not None else "default tree") +
+                      f"), chosen per step on {factory.machine_profile_source()}; governed",
+                      "bundle vectors (model side); n-gram acceptance learned online")
 
 
 def sequoia_governed_spec(factory, setting: Setting) -> MethodSpec:

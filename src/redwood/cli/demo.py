@@ -95,6 +95,10 @@ def planner_line(engine, config) -> str:
         return ("planner: prompt-lookup drafts cost nothing to make, but verifying them does "
                 f"({costs} on this machine): each step keeps the n-gram tree that maximises "
                 "expected tokens / t(n), plain steps where matches are weak")
+    if config.drafter == "hybrid":
+        return ("planner: each step weighs the free n-gram tree (expected tokens / t(n)) against "
+                "the draft model's tree planned for this machine (its live tokens per ms), "
+                "grafting n-gram continuations onto the model's tree when the model runs")
     origin = ("tuned bundle, planned for this machine" if "bundle" in source
               else (config.tree or "default tree"))
     if len(tree) == 1:

@@ -249,7 +249,7 @@ def _cmd_serve(args):
         raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.drafter != "model" and backend == "llamacpp" and args.max_batch not in (None, 1):
         raise RedwoodError("continuous batching drafts with the draft model; use --max-batch 1 "
-                           "with --drafter ngram (one request at a time)")
+                           f"with --drafter {args.drafter} (one request at a time)")
     if backend == "llamacpp" and args.max_batch != 1 and args.drafter == "model":
         from redwood.serve.batch_setup import load_batch_scheduler
 
@@ -261,7 +261,7 @@ def _cmd_serve(args):
     else:
         engine, tokenizer = load_engine(model_config)
         if args.drafter != "model":
-            bundle = None                       # the n-gram drafter sizes its own trees
+            bundle = None                       # n-gram / hybrid drafters size their own trees
     if bundle is not None:
         config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:

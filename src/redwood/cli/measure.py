@@ -23,8 +23,10 @@ def _no_tree(args):
                            "models; `redwood tune` makes trees)")
     if getattr(args, "drafter", "model") != "model":
         raise RedwoodError(f"--drafter {args.drafter} does not apply to `redwood {args.verb}`: it "
-                           "measures the draft model; the n-gram drafter needs no calibration (it "
-                           "learns its acceptance online, sized by the first-use machine profile)")
+                           "measures the draft model; the n-gram side of `ngram` and `hybrid` "
+                           "learns its acceptance online per request, sized by the first-use "
+                           "machine profile, and `hybrid` plans its model side from the bundle "
+                           "this verb writes")
 
 
 def _writable_file(path, flag):

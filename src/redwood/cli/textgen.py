@@ -27,7 +27,8 @@ class ModelConfig:
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
-    drafter: str = "model"             # "model": the draft model; "ngram": prompt lookup (free drafts)
+    drafter: str = "model"             # "model": the draft model; "ngram": prompt lookup (free
+                                       # drafts); "hybrid": both in one tree, chosen per step
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -71,6 +72,8 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if config.drafter == "ngram":
         use_ngram_drafter(engine, progress)
+    elif config.drafter == "hybrid":
+        use_hybrid_drafter(engine, bundle, None if bundle is not None else tree, progress)
     elif bundle is not None and not config.bundle_latencies:
         from redwood.measure.machine_profile import machine_profile
 
@@ -91,6 +94,24 @@ def use_ngram_drafter(engine, progress: bool = True) -> None:
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms)
     engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
+
+
+def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True) -> None:
+    """Draft with both: n-gram continuations grafted onto the draft model's tree, each step
+    spent where this machine's costs and the request's live acceptance say it pays
+    (decode/hybrid_drafter.py). The model's trees: the bundle's acceptance vectors planned for
+    this machine, per temperature (else `tree`, or the default tree)."""
+    from redwood.decode.hybrid_drafter import hybrid_drafting
+    from redwood.measure.hybrid_plans import hybrid_plans
+    from redwood.measure.machine_profile import machine_profile
+
+    if engine.draft_backend is None:
+        raise RedwoodError("--drafter hybrid needs a draft model")
+    engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
+    plans = hybrid_plans(engine.profile, bundle, tree)
+    temperatures = [e.temperature for e in bundle.entries] if bundle is not None else [0.0]
+    engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures)
+    engine.draft_confidence = 0.0
 
 
 def bundle_drafting(bundle, engine, config: ModelConfig):

@@ -36,26 +36,21 @@ from redwood.plan.tree import Tree
 class HybridDrafter:
     """Drafter protocol (redwood.decode.drafter) over a draft model and an n-gram index.
 
-    model_tree: the draft model's tree (planned for this machine); profile: this machine's
-    latency profile (plan.formats.Profile: target t(n), draft level costs); model_tokens: the
-    planner's expected tokens per step of model_tree (its prior, worth `prior_steps` steps).
-    The engine's tree is the step's budget (hybrid_budget_tree): merged trees stay within its
-    node count, leaf count and depth."""
+    plans: temperature -> (the draft model's tree, its expected tokens per step), planned for
+    this machine (a request's temperature picks its plan at its first step; greedy = 0); the
+    expectation is the live rate's prior, worth `prior_steps` steps. profile: this machine's
+    latency profile (plan.formats.Profile: target t(n), draft level costs). The engine's tree
+    is the step's budget (hybrid_budget_tree): merged trees stay within its node count, leaf
+    count and depth."""
 
-    def __init__(self, model: DraftModelDrafter, ngram: NgramDrafter, model_tree: Tree, profile,
-                 model_tokens: float, prior_steps: float = 2.0, decay: float = 0.8,
-                 probe_every: int = 8, clock=time.perf_counter):
+    def __init__(self, model: DraftModelDrafter, ngram: NgramDrafter, profile, plans,
+                 prior_steps: float = 2.0, decay: float = 0.8, probe_every: int = 8,
+                 clock=time.perf_counter):
         if ngram.target_ms is None:
             raise RedwoodError("HybridDrafter needs an NgramDrafter with target_ms (the profile's)")
-        if not model_tokens >= 1.0:
-            raise RedwoodError(f"model_tokens (expected tokens per step) must be >= 1, got "
-                               f"{model_tokens}")
-        self.model, self.ngram, self.profile = model, ngram, profile
-        self.model_tree, self.clock = model_tree, clock
-        self.model_layout = LayoutCache(model.backend.device)(model_tree)
+        self.model, self.ngram, self.profile, self.plans = model, ngram, profile, plans
+        self.clock, self.prior_steps = clock, float(prior_steps)
         self.layouts = LayoutCache(model.backend.device)
-        self.prior = (float(model_tokens) * prior_steps, step_ms(profile, model_tree,
-                                                                model_tree.num_levels) * prior_steps)
         self.decay, self.probe_every = float(decay), int(probe_every)
         self.prefill(torch.empty(0, dtype=torch.long))
 
@@ -63,7 +58,7 @@ class HybridDrafter:
     def prefill(self, prompt_ids: torch.Tensor) -> None:
         self.model.prefill(prompt_ids)
         self.ngram.prefill(prompt_ids)
-        self.model_kept, self.model_ms = self.prior     # decayed tokens / predicted ms
+        self.model_tree = None                          # the request's plan, at its first step
         self.without_model = 0                          # steps since the model last ran
         self.steps = {"model": 0, "ngram": 0, "plain": 0}
         self._step: tuple | None = None                 # (sources, model node ids) of the proposal
@@ -71,6 +66,8 @@ class HybridDrafter:
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
         start = self.clock()
+        if self.model_tree is None:
+            self._plan(0.0 if choose.greedy else choose.temperature)
         limits = tree_limits(layout.tree)
         trie, taken, values = self.ngram.lookup(root, limits, bool(choose.greedy), min_confidence)
         n, ngram_rate = self.ngram.best_size(values, limits[0])
@@ -110,6 +107,16 @@ class HybridDrafter:
         self.model.skip(root)
 
     # -- internals -------------------------------------------------------------------------
+    def _plan(self, temperature: float) -> None:
+        tree, tokens = self.plans(temperature)
+        if not tokens >= 1.0:
+            raise RedwoodError(f"the model plan's expected tokens per step must be >= 1, got "
+                               f"{tokens}")
+        self.model_tree = tree
+        self.model_layout = self.layouts(tree)
+        self.model_kept = float(tokens) * self.prior_steps         # decayed tokens kept
+        self.model_ms = step_ms(self.profile, tree, tree.num_levels) * self.prior_steps
+
     def _use_model(self, ngram_rate: float) -> bool:
         model_rate = self.model_kept / self.model_ms
         return model_rate > ngram_rate or self.without_model >= self.probe_every
@@ -197,28 +204,54 @@ def _bfs_order(parents: list[int]) -> list[int]:
     return order
 
 
-def hybrid_budget_tree(model_tree: Tree, ngram_tree: Tree) -> Tree:
-    """The engine's tree for a hybrid drafter: the model's tree and the n-gram budget side by
-    side under one root (its node count, leaf count and depth bound every merged tree, and
-    the backends check them before the first step)."""
-    parents = list(model_tree.parents)
-    offset = len(parents) - 1
-    for v in range(1, len(ngram_tree)):
-        p = ngram_tree.parents[v]
-        parents.append(0 if p == 0 else p + offset)
-    return Tree(_bfs(parents), {"kind": "hybrid budget", "model": len(model_tree),
-                                "ngram": len(ngram_tree)})
+def hybrid_budget_tree(model_trees: list[Tree], ngram_tree: Tree) -> Tree:
+    """The engine's tree for a hybrid drafter: a tree with as many nodes and leaves as the
+    largest model tree and the n-gram budget side by side under one root, and as deep as the
+    deepest of them. Its node count, leaf count and depth bound every merged tree; the
+    backends check them before the first step. Only those three numbers matter."""
+    leaves = lambda t: sum(1 for kids in t.children if not kids)     # noqa: E731
+    nodes = max(len(t) for t in model_trees) + len(ngram_tree) - 1
+    width = max(leaves(t) for t in model_trees) + leaves(ngram_tree)
+    depth = max(t.num_levels for t in model_trees + [ngram_tree]) - 1
+    return limits_tree(nodes, width, depth)
 
 
-def hybrid_drafting(engine, model_tree: Tree, profile, model_tokens: float,
+def limits_tree(nodes: int, leaves: int, depth: int) -> Tree:
+    """A tree with `leaves` leaves, `depth` edges deep and max(nodes, depth + leaves) nodes:
+    one chain `depth` deep, `leaves - 1` side branches from the root, the remaining nodes
+    lengthening the side branches in turn (each at most `depth` deep)."""
+    if nodes < 1 or leaves < 1 or depth < 0:
+        raise RedwoodError(f"bad tree limits: {nodes} nodes, {leaves} leaves, depth {depth}")
+    if depth == 0:
+        return Tree([-1])
+    parents = [-1] + list(range(depth))                      # the main chain
+    tips = []
+    for _ in range(leaves - 1):
+        parents.append(0)
+        tips.append([len(parents) - 1, 1])                    # [tip node, its depth]
+    growing = [tip for tip in tips if tip[1] < depth]
+    while len(parents) < nodes and growing:
+        for tip in growing:
+            if len(parents) >= nodes:
+                break
+            parents.append(tip[0])
+            tip[0], tip[1] = len(parents) - 1, tip[1] + 1
+        growing = [tip for tip in growing if tip[1] < depth]
+    return Tree(_bfs(parents), {"kind": "hybrid budget", "nodes": nodes, "leaves": leaves,
+                                "depth": depth})
+
+
+def hybrid_drafting(engine, plans, profile, temperatures=(0.0,),
                     ngram_tree: Tree | None = None) -> tuple[HybridDrafter, Tree]:
     """(drafter, the engine's budget tree) for an Engine with a draft model: the hybrid of its
-    draft model on `model_tree` and a fresh n-gram drafter on `profile`'s target costs."""
+    draft model, planned per temperature by `plans` (temperature -> (tree, expected tokens)),
+    and a fresh n-gram drafter on `profile`'s target costs. The budget bounds the plans of
+    `temperatures` (every temperature a request may pick a plan for)."""
     from redwood.decode.ngram_drafter import ngram_budget_tree
 
     if engine.draft_backend is None:
         raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")
     model = DraftModelDrafter(engine.draft_backend, engine._clock, engine.layouts)
-    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms), model_tree,
-                            profile, model_tokens)
-    return drafter, hybrid_budget_tree(model_tree, ngram_tree or ngram_budget_tree())
+    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms), profile, plans)
+    trees = [plans(t)[0] for t in temperatures]
+    return drafter, hybrid_budget_tree(trees, ngram_tree or ngram_budget_tree())

@@ -320,3 +320,18 @@ def _infeasible_message(n: int, d: int, width: int) -> str:
     most = sum(width ** k for k in range(d))
     return (f"no tree of {n} nodes fits in {d} levels with at most {width} children per node "
             f"(at most {most} nodes); raise max_depth, lower the budget or give a longer p")
+
+
+def best_speculative(choice: TreeChoice) -> tuple[Tree, float]:
+    """(tree, expected tokens per step) of the fastest candidate that drafts at least one
+    token: the choice itself when it speculates, else the best one it rejected (a hybrid
+    drafter still wants the model's best tree, to weigh it against free drafts per step)."""
+    if choice.budget > 1:
+        return choice.tree, choice.tokens_per_step
+    speculative = [c for c in choice.candidates if c.budget > 1 and c.tokens_per_second is not None]
+    if not speculative:
+        return choice.tree, choice.tokens_per_step
+    top = max(speculative, key=lambda c: (c.tokens_per_second, -c.budget))
+    tree = choice.table.tree(top.budget, top.depth)
+    tree.source.update({"chosen_by": "best_speculative", "predicted_speedup": top.speedup})
+    return tree, top.expected_length

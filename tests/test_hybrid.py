@@ -165,3 +165,37 @@ def test_first_two_tokens_follow_the_target_with_mixed_proposals(temperature, to
     assert mixed > SAMPLES // 2, "proposals were rarely mixed: the test would not bite"
     pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p, NGRAM_PROMPT))
     assert pvalue > ALPHA, f"hybrid T={temperature} top_p={top_p}: p-value {pvalue:.2e}"
+
+
+@pytest.mark.parametrize("backend", ["hf", "llamacpp"])
+def test_auto_plans_free_drafts_only_where_no_model_tree_pays(backend):
+    """`--drafter auto`: per temperature, the bundle's vector planned for this machine; on a
+    machine where a draft level costs as much as a target token nothing pays ("ngram"), on
+    one where drafting is nearly free the model's tree does ("hybrid")."""
+    from redwood.measure.bundles import load_bundle, shipped_bundle_dir
+    from redwood.measure.hybrid_plans import hybrid_plans
+
+    bundle = load_bundle(shipped_bundle_dir(backend=backend))
+    cheap = Profile({n: 30.0 + 0.5 * n for n in range(1, 33)}, {w: 0.5 for w in range(1, 33)})
+    for temperature in (0.0, 0.6, 1.0):
+        tree, tokens, mode = hybrid_plans(STEEP, bundle, auto=True)(temperature)
+        assert mode == "ngram" and len(tree) > 1 and tokens >= 1.0     # best tree, still kept
+        tree, tokens, mode = hybrid_plans(cheap, bundle, auto=True)(temperature)
+        assert mode == "hybrid" and len(tree) > 1 and tokens > 1.0
+        assert hybrid_plans(STEEP, bundle)(temperature)[2] == "hybrid"    # auto off
+        recorded = bundle.entry(temperature).drafter                     # the tuning machine's
+        assert hybrid_plans(cheap, bundle, auto=True, bundle_latencies=True)(temperature)[2] \
+            == recorded == ("ngram" if backend == "llamacpp" else "hybrid")
+
+
+def test_ngram_mode_never_runs_the_model():
+    target = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    draft = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    engine = Engine(target, draft, MODEL_TREE)
+    engine.drafter, engine.tree = hybrid_drafting(engine, lambda t: (MODEL_TREE, 5.0, "ngram"),
+                                                  FLAT)
+    prompt = repeated_prompt(1, 96)
+    reference = engine.generate(prompt, 30, method="autoregressive", stop_on_eos=False)
+    result = engine.generate(prompt, 30, method="sequoia", stop_on_eos=False)
+    assert result.tokens == reference.tokens and result.stats.draft_forwards == 0
+    assert engine.drafter.steps["model"] == 0 and set(result.stats.accepted_by_source) <= {"ngram"}

@@ -43,6 +43,8 @@ def test_tune_writes_a_consistent_bundle(tmp_path, pair):
         tree = Tree.load(out / entry.tree)
         # the stored tree is the planner's choice from the stored measurements
         assert tree == choose_tree(acceptance, profile, 8, 5).tree
+        # the default drafter recorded for `--drafter auto`: free drafts only without a model tree
+        assert entry.drafter == ("ngram" if len(tree) == 1 else "hybrid")
         assert (len(tree), tree.num_levels) == (entry.budget, entry.depth)
         assert tree.expected_length(acceptance.p) == pytest.approx(entry.tokens_per_step)
         assert tree.source["tool"] == "redwood tune" and tree.source["temperature"] == entry.temperature

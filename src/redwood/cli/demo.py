@@ -28,7 +28,8 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 128, problem: int = 0,
     if task not in ("edit", "humaneval"):
         raise RedwoodError(f"--task must be edit or humaneval, got {task!r}")
     backend = choose_backend(config.backend, config.target, config.draft, config.device)
-    config = replace(config, backend=backend, drafter="ngram" if task == "edit" else config.drafter)
+    edit_default = task == "edit" and config.drafter == "model"      # free drafts pay on edits
+    config = replace(config, backend=backend, drafter="ngram" if edit_default else config.drafter)
     prompt, chat, title = _demo_prompt(task, problem)
     print(f"loading the model pair on the {backend} backend (the first run assembles or "
           "builds a cache and measures this machine: a few minutes) ...", file=sys.stderr)
@@ -95,7 +96,7 @@ def planner_line(engine, config) -> str:
         return ("planner: prompt-lookup drafts cost nothing to make, but verifying them does "
                 f"({costs} on this machine): each step keeps the n-gram tree that maximises "
                 "expected tokens / t(n), plain steps where matches are weak")
-    if config.drafter == "hybrid":
+    if config.drafter in ("hybrid", "auto"):
         return ("planner: each step weighs the free n-gram tree (expected tokens / t(n)) against "
                 "the draft model's tree planned for this machine (its live tokens per ms), "
                 "grafting n-gram continuations onto the model's tree when the model runs")

@@ -17,11 +17,13 @@ def _add_model_args(p):
                    help="adaptive trees: a node gets draft children only while the draft gave "
                    "every token on its path probability >= C (0 = draft the whole tree; default: "
                    "the tuned bundle's value with --tree auto, else 0). Output stays exact")
-    p.add_argument("--drafter", default="model", choices=["model", "ngram", "hybrid"],
+    p.add_argument("--drafter", default="model", choices=["model", "ngram", "hybrid", "auto"],
                    help="where drafts come from: the draft model (default), prompt lookup "
                    "(ngram: matches in the prompt and the text so far, free drafts, best for "
                    "edits of pasted code and documents), or hybrid (both in one tree; each step "
-                   "spends its time where this machine's costs and the live acceptance say)")
+                   "spends its time where this machine's costs and the live acceptance say), or "
+                   "auto (per temperature from the tuned bundle planned for this machine: "
+                   "ngram where no draft-model tree pays, else hybrid)")
     p.add_argument("--bundle-latencies", action="store_true",
                    help="with a tuned bundle: use the trees it planned from its own latency "
                    "profile (default: measure this machine once, cached, and plan its acceptance "

@@ -72,8 +72,13 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if config.drafter == "ngram":
         use_ngram_drafter(engine, progress)
-    elif config.drafter == "hybrid":
-        use_hybrid_drafter(engine, bundle, None if bundle is not None else tree, progress)
+    elif config.drafter in ("hybrid", "auto"):
+        if config.drafter == "auto" and bundle is None:
+            raise RedwoodError("--drafter auto picks a drafter per temperature from a tuned "
+                               "bundle (--tree auto or a bundle directory); give one, or "
+                               "--drafter model|ngram|hybrid")
+        use_hybrid_drafter(engine, bundle, None if bundle is not None else tree, progress,
+                           auto=config.drafter == "auto", bundle_latencies=config.bundle_latencies)
     elif bundle is not None and not config.bundle_latencies:
         from redwood.measure.machine_profile import machine_profile
 
@@ -96,11 +101,13 @@ def use_ngram_drafter(engine, progress: bool = True) -> None:
     engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
 
 
-def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True) -> None:
+def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
+                       auto: bool = False, bundle_latencies: bool = False) -> None:
     """Draft with both: n-gram continuations grafted onto the draft model's tree, each step
     spent where this machine's costs and the request's live acceptance say it pays
     (decode/hybrid_drafter.py). The model's trees: the bundle's acceptance vectors planned for
-    this machine, per temperature (else `tree`, or the default tree)."""
+    this machine, per temperature (else `tree`, or the default tree). auto: per temperature,
+    free drafts alone where no model tree pays on this machine (measure/hybrid_plans.py)."""
     from redwood.decode.hybrid_drafter import hybrid_drafting
     from redwood.measure.hybrid_plans import hybrid_plans
     from redwood.measure.machine_profile import machine_profile
@@ -108,7 +115,7 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True) ->
     if engine.draft_backend is None:
         raise RedwoodError("--drafter hybrid needs a draft model")
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
-    plans = hybrid_plans(engine.profile, bundle, tree)
+    plans = hybrid_plans(engine.profile, bundle, tree, auto, bundle_latencies)
     temperatures = [e.temperature for e in bundle.entries] if bundle is not None else [0.0]
     engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures)
     engine.draft_confidence = 0.0

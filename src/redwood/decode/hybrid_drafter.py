@@ -36,9 +36,11 @@ from redwood.plan.tree import Tree
 class HybridDrafter:
     """Drafter protocol (redwood.decode.drafter) over a draft model and an n-gram index.
 
-    plans: temperature -> (the draft model's tree, its expected tokens per step), planned for
-    this machine (a request's temperature picks its plan at its first step; greedy = 0); the
-    expectation is the live rate's prior, worth `prior_steps` steps. profile: this machine's
+    plans: temperature -> (the draft model's tree, its expected tokens per step[, mode]),
+    planned for this machine (a request's temperature picks its plan at its first step; greedy
+    = 0); the expectation is the live rate's prior, worth `prior_steps` steps. mode "hybrid"
+    (default) weighs both sources each step; "ngram" never runs the model (the planner found
+    no model tree that pays at that temperature: `--drafter auto`). profile: this machine's
     latency profile (plan.formats.Profile: target t(n), draft level costs). The engine's tree
     is the step's budget (hybrid_budget_tree): merged trees stay within its node count, leaf
     count and depth."""
@@ -108,7 +110,10 @@ class HybridDrafter:
 
     # -- internals -------------------------------------------------------------------------
     def _plan(self, temperature: float) -> None:
-        tree, tokens = self.plans(temperature)
+        tree, tokens, *mode = self.plans(temperature)
+        self.mode = mode[0] if mode else "hybrid"
+        if self.mode not in ("hybrid", "ngram"):
+            raise RedwoodError(f"unknown hybrid plan mode {self.mode!r}: hybrid or ngram")
         if not tokens >= 1.0:
             raise RedwoodError(f"the model plan's expected tokens per step must be >= 1, got "
                                f"{tokens}")
@@ -118,6 +123,8 @@ class HybridDrafter:
         self.model_ms = step_ms(self.profile, tree, tree.num_levels) * self.prior_steps
 
     def _use_model(self, ngram_rate: float) -> bool:
+        if self.mode == "ngram":
+            return False
         model_rate = self.model_kept / self.model_ms
         return model_rate > ngram_rate or self.without_model >= self.probe_every
 

@@ -40,6 +40,7 @@ class BundleEntry:
     adaptive_tree: str | None = None        # optional: the deeper tree pruned by draft confidence
     draft_confidence: float = 0.0           # its pruning threshold
     threshold_from: str = "estimate"        # "given": measured, keep it on other machines too
+    drafter: str = "hybrid"                 # default drafter here (`--drafter auto`): ngram|hybrid
 
 
 @dataclass
@@ -118,7 +119,8 @@ def _entry(item, directory: Path, where: str) -> BundleEntry:
                             tree=str(item["tree"]), acceptance=str(item["acceptance"]),
                             budget=int(item["budget"]), depth=int(item["depth"]),
                             tokens_per_step=float(item["tokens_per_step"]),
-                            predicted_speedup=float(item["predicted_speedup"]))
+                            predicted_speedup=float(item["predicted_speedup"]),
+                            drafter=str(item.get("drafter", "hybrid")))
         adaptive = item.get("adaptive")
         if adaptive is not None:
             entry.adaptive_tree = str(adaptive["tree"])
@@ -126,6 +128,8 @@ def _entry(item, directory: Path, where: str) -> BundleEntry:
             entry.threshold_from = str(adaptive.get("threshold_from", "estimate"))
     except (KeyError, TypeError, ValueError) as exc:
         raise RedwoodError(f"{where}: malformed tree entry {item!r} ({exc})") from None
+    if entry.drafter not in ("ngram", "hybrid"):
+        raise RedwoodError(f"{where}: drafter must be ngram or hybrid, got {entry.drafter!r}")
     if entry.adaptive_tree is not None and not 0 < entry.draft_confidence < 1:
         raise RedwoodError(f"{where}: adaptive draft_confidence must be in (0, 1), got "
                            f"{entry.draft_confidence}")

@@ -277,11 +277,20 @@ def _entries(variant: VariantResult, prefix: str = "") -> list[dict]:
                     "budget": choice.budget, "depth": choice.depth,
                     "level_sizes": choice.tree.level_sizes,
                     "tokens_per_step": choice.tokens_per_step, "step_ms": choice.step_ms,
-                    "predicted_speedup": choice.speedup})
+                    "predicted_speedup": choice.speedup,
+                    # the default drafter at this temperature (`--drafter auto` with
+                    # --bundle-latencies; other machines re-plan): free drafts alone when no
+                    # draft-model tree beats plain decoding here, else both
+                    "drafter": default_drafter(choice.budget)})
         plan = variant.adaptive.get(temperature)
         if plan is not None:
             out[-1]["adaptive"] = adaptive_entry(plan, f"{prefix}adaptive-{tag}.json")
     return out
+
+
+def default_drafter(budget: int) -> str:
+    """"ngram" when the planner declined to speculate with the model (budget 1), else "hybrid"."""
+    return "ngram" if budget == 1 else "hybrid"
 
 
 def adaptive_entry(plan, file_name: str) -> dict:

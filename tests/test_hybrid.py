@@ -199,3 +199,10 @@ def test_ngram_mode_never_runs_the_model():
     result = engine.generate(prompt, 30, method="sequoia", stop_on_eos=False)
     assert result.tokens == reference.tokens and result.stats.draft_forwards == 0
     assert engine.drafter.steps["model"] == 0 and set(result.stats.accepted_by_source) <= {"ngram"}
+
+
+def test_a_budget_the_model_tree_does_not_fit_is_refused():
+    target = tiny_model("qwen2", vocab_size=32, seed=1)
+    engine = hybrid_engine(target, tiny_model("qwen2", vocab_size=32, seed=2))
+    with pytest.raises(RedwoodError, match="does not fit the request's tree budget"):
+        engine.generate(torch.tensor([3, 4, 5]), 4, method="chain", stop_on_eos=False)

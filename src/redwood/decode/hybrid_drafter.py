@@ -1,7 +1,7 @@
 """`HybridDrafter`: n-gram continuations and draft-model children in one tree per step.
 
 Each step it looks the suffix up in the n-gram index (free) and compares, on this machine's
-profile, three ways to spend the step (docs/design.md §4.6):
+profile, the ways to spend the step (docs/design.md §3.4):
 - n-gram only: the best prefix of the n-gram trie, E(n) / t(n) by the n-gram cost model
   (n = 1 is a plain target step);
 - the draft model's tree with the n-gram trie grafted onto it: the model's live rate, tokens
@@ -71,6 +71,11 @@ class HybridDrafter:
         if self.model_tree is None:
             self._plan(0.0 if choose.greedy else choose.temperature)
         limits = tree_limits(layout.tree)
+        if any(have > most for have, most in zip(tree_limits(self.model_tree), limits)):
+            raise RedwoodError(
+                f"the draft model's tree ({len(self.model_tree)} nodes) does not fit the request's "
+                f"tree budget ({limits[0]} nodes, {limits[1]} leaves, depth {limits[2]}): the "
+                "hybrid drafter runs with method sequoia on the tree hybrid_drafting returns")
         trie, taken, values = self.ngram.lookup(root, limits, bool(choose.greedy), min_confidence)
         n, ngram_rate = self.ngram.best_size(values, limits[0])
         if not self._use_model(ngram_rate):

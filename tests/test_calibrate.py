@@ -12,7 +12,7 @@ from scipy import stats
 from redwood.measure.calibrate import calibrate, calibration_prompts
 from redwood.cli.main import main
 from redwood.errors import RedwoodError
-from redwood.plan.formats import Acceptance
+from redwood.plan.formats import Acceptance, ConfidenceBins
 from redwood.models.tiny_random import perturbed_copy, random_prompts, tiny_model
 
 VOCAB = 48
@@ -180,3 +180,66 @@ def test_int8_quantised_draft_calibrates(target64):
     result = calibrate(target32, draft, random_prompts(3, VOCAB), 0.0, width=4,
                        max_new_tokens=8, progress=False)
     assert result.steps > 0 and 0 < result.p[0] <= 1
+
+
+def test_confidence_bins_count_every_examined_child(target64, tmp_path):
+    """Each step examines ranks 1..the accepted one (all `width` when none is accepted):
+    the bins hold exactly those tokens, the accepted ones are the steps that accepted a
+    child, every rate is a frequency; the file keeps them and old files read as None."""
+    draft = perturbed_copy(target64, noise=1.5, seed=9)
+    width = 4
+    for temperature in (0.0, 0.8):
+        result = calibrate(target64, draft, random_prompts(6, VOCAB, seed=17), temperature,
+                           width=width, max_new_tokens=12, seed=3, progress=False,
+                           stop_on_eos=False)
+        bins = ConfidenceBins.of(Acceptance.load(result.save(tmp_path / "a.json")))
+        counts, rejected = result.extra["counts"], result.extra["rejected"]
+        assert sum(bins.drafted) == sum(k * c for k, c in enumerate(counts, 1)) + width * rejected
+        assert sum(bins.accepted) == result.steps - rejected > 0
+        assert rejected > 0                                  # some rejections were binned
+        assert all(r is None or 0 <= r <= 1 for r in bins.rates)
+        assert [r is None for r in bins.rates] == [d == 0 for d in bins.drafted]
+    assert ConfidenceBins.of(Acceptance(p=[0.5])) is None
+
+
+def test_confident_drafts_are_accepted_more_often(target64):
+    """A draft that is the target with a flattened head (logits / 2): q ∝ sqrt(p), so a
+    token's acceptance min(1, p/q) rises with q. One child per step at temperature 1: the
+    observed per-bin counts follow the exact expectation, and high-confidence bins accept
+    more often than the lowest."""
+    target = tiny_model(vocab_size=VOCAB, seed=3, scale=40.0, dtype=torch.float64)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.5)
+    prompts = random_prompts(200, VOCAB, length=5, seed=21)
+    result = calibrate(target, draft, prompts, 1.0, width=1, max_new_tokens=1, seed=4,
+                       progress=False)
+    bins = ConfidenceBins.of(result)
+    p, q = _next_token_laws(target, prompts, 1.0), _next_token_laws(draft, prompts, 1.0)
+    which = torch.bucketize(q, torch.tensor(bins.edges[1:-1], dtype=q.dtype), right=True)
+    expected_drafted = torch.zeros(10, dtype=q.dtype).index_add_(0, which.flatten(), q.flatten())
+    expected_accepted = torch.zeros(10, dtype=q.dtype).index_add_(
+        0, which.flatten(), torch.minimum(p, q).flatten())
+    for b in range(10):                                  # within 4 binomial sd (+1) of exact
+        for observed, expected in ((bins.drafted[b], expected_drafted[b]),
+                                   (bins.accepted[b], expected_accepted[b])):
+            sd = float(expected * (1 - expected / len(prompts))) ** 0.5
+            assert abs(observed - float(expected)) <= 4 * sd + 1, (b, observed, float(expected))
+    low = bins.rates[0]
+    high = sum(bins.accepted[1:]) / sum(bins.drafted[1:])
+    assert bins.drafted[0] > 30 and sum(bins.drafted[1:]) > 30
+    assert low < 0.6 < 0.85 < high
+
+
+def test_confidence_bins_reject_inconsistent_counts():
+    ok = ConfidenceBins.empty(4)
+    for probability, accepted in ((0.0, True), (0.5, False), (1.0, True)):
+        ok.add(probability, accepted)
+    assert (ok.drafted, ok.accepted) == ([1, 0, 1, 1], [1, 0, 0, 1])
+    assert ConfidenceBins.from_dict(ok.to_dict()) == ok
+    for bad in ({**ok.to_dict(), "accepted": [2, 0, 0, 1]},
+                {**ok.to_dict(), "drafted": [1, 1]},
+                {**ok.to_dict(), "edges": [0.0, 0.5, 0.4, 0.9, 1.0]},
+                {"edges": [0.0, 1.0]}):
+        with pytest.raises(RedwoodError, match="confidence_bins"):
+            ConfidenceBins.from_dict(bad)

@@ -8,6 +8,13 @@ rank of the accepted child (or none), and advances with the real outcome (the ac
 and the bonus token, or the bonus alone), exactly as the engine would with a star tree.
 p_k = (steps whose rank-k child was accepted) / steps: the unconditional vector of docs/design.md §2.1.
 
+It also records acceptance by draft confidence (plan.formats.ConfidenceBins): every child the
+verifier examined (ranks 1..the accepted one, or all when none was accepted; later ranks are
+never looked at) is binned by the draft's probability for it, as the adaptive drafter
+measures it (ChildChooser.confidence: the sampling law, or the raw softmax when greedy), and
+counted as accepted or not. That is the evidence for a draft-confidence threshold (§4.6):
+how much a token of a given confidence is worth.
+
 The loop is the engine's step reduced to a star (the Backend protocol, DraftModelDrafter, the
 verify functions), so what is measured is what the engine does.
 """
@@ -24,10 +31,22 @@ from redwood.decode.engine import as_backend, check_same_vocab
 from redwood.decode.layout import TreeLayout
 from redwood.decode.params import SamplingParams
 from redwood.errors import RedwoodError
-from redwood.plan.formats import Acceptance
+from redwood.plan.formats import Acceptance, ConfidenceBins
 from redwood.plan.tree import star
 
 METHODS = ("sequoia", "specinfer")
+
+
+class _ConfidenceChooser(ChildChooser):
+    """The request's chooser, keeping the draft's probability of each child it picks (the
+    adaptive drafter's confidence, computed by the same function)."""
+
+    last: tuple[float, ...] = ()
+
+    def __call__(self, logits: torch.Tensor, k: int):
+        children, probs = super().__call__(logits, k)
+        self.last = tuple(self.confidence(logits, probs, children)[0].tolist())   # root row
+        return children, probs
 
 
 class _StarStep:
@@ -38,7 +57,8 @@ class _StarStep:
         self.target = target                                 # Backend
         self.tree = star(width)
         self.params = params
-        self.chooser = ChildChooser.for_request(params, method, generator)
+        self.chooser = _ConfidenceChooser.for_request(params, method, generator)
+        self.bins = ConfidenceBins.empty()
         self.generator = generator
         self.layout = TreeLayout.build(self.tree, target.device)   # ancestor [W+1, W+1], depths [W+1]
 
@@ -61,6 +81,8 @@ class _StarStep:
         drafter.commit(path, proposal.tokens)
         # In a star node i is the root's i-th child: its index is its rank.
         rank = path[1] if len(path) > 1 else 0
+        for i in range(1, (rank or len(self.tree) - 1) + 1):        # the children examined
+            self.bins.add(self.chooser.last[i - 1], accepted=i == rank)
         return rank, [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
 
 
@@ -74,7 +96,9 @@ def calibrate(target, draft, prompts: list, temperature: float, top_p: float = 1
     transformers models or Backends.
 
     The result's extra fields: "counts" (steps accepted at each rank), "rejected" (steps that
-    accepted no child), "method", "width", "tokens", "prompts", "seconds".
+    accepted no child), "confidence_bins" (ConfidenceBins.to_dict: acceptance of the examined
+    children by the draft's probability for them), "method", "width", "tokens", "prompts",
+    "seconds".
     """
     target, draft = as_backend(target), as_backend(draft)
     check_same_vocab(target, draft)
@@ -108,7 +132,8 @@ def calibrate(target, draft, prompts: list, temperature: float, top_p: float = 1
         top_k=top_k or None, draft=draft_name or draft.name,
         target=target_name or target.name, dataset=dataset, steps=steps,
         extra={"method": method, "width": width, "counts": counts[1:].tolist(),
-               "rejected": int(counts[0]), "prompts": len(prompts), "tokens": tokens_made,
+               "rejected": int(counts[0]), "confidence_bins": step.bins.to_dict(),
+               "prompts": len(prompts), "tokens": tokens_made,
                "max_new_tokens": max_new_tokens, "seed": seed,
                "seconds": round(time.perf_counter() - start, 3)})
 

@@ -7,7 +7,12 @@ repeats, a short context, the sizes the planner may choose), caches it under
 $REDWOOD_CACHE/profiles/, and `replan` plans the bundle's acceptance vectors against it.
 
 The cache key is everything that changes the timings: CPU model, thread count, backend,
-models (path, size, dtype), and library versions. A profile is reused only when the key matches.
+models (path, size, dtype), library versions and which row counts each model sends to oneDNN.
+A profile is reused only when the key matches.
+
+Before it, `choose_linear_rows` picks the matmul kernel per row count (F.linear or oneDNN,
+whichever times faster on the model's Linear shapes here; cached under profiles/kernels/), since
+the faster kernel differs between CPUs and the latencies depend on it (docs/design.md §3.1, §6).
 """
 from __future__ import annotations
 
@@ -42,9 +47,14 @@ def profile_key(target, draft) -> dict:
     if getattr(target, "kind", "hf") == "llamacpp":
         versions["llama_cpp"] = _version("llama_cpp_python")
         versions["llama_cpp_build"] = _llama_build_id()
-    return {"cpu": cpu_model(), "threads": _threads(target), "backend": getattr(target, "kind", "hf"),
-            "device": str(target.device),
-            "target": _model_id(target), "draft": _model_id(draft), "versions": versions}
+    key = {"cpu": cpu_model(), "threads": _threads(target), "backend": getattr(target, "kind", "hf"),
+           "device": str(target.device),
+           "target": _model_id(target), "draft": _model_id(draft), "versions": versions}
+    routing = {role: _routed_rows(b) for role, b in (("target", target), ("draft", draft))}
+    if any(rows is not None for rows in routing.values()):
+        # oneDNN rows change the timings; stock models keep the key they always had
+        key["linear_rows"] = routing
+    return key
 
 
 def key_digest(key: dict) -> str:
@@ -105,6 +115,105 @@ def _load_matching(path: Path, key: dict) -> Profile | None:
     return profile if profile.extra.get("machine_key") == key else None
 
 
+KERNEL_ROWS = tuple(range(1, 33))     # the tree sizes and draft level widths the planner may use
+KERNEL_MARGIN = 0.03                  # oneDNN must win by 3%: a near-tie stays on stock F.linear
+
+
+def kernel_key(model, rows=KERNEL_ROWS) -> dict:
+    """What a kernel choice depends on: the CPU, threads, library versions and the model's
+    Linear shapes (not its path: models of one architecture share a choice)."""
+    import torch
+
+    from redwood.models.cpu_kernels import linear_shapes
+
+    return {"kind": "kernel_choice", "cpu": cpu_model(), "threads": torch.get_num_threads(),
+            "shapes": linear_shapes(model), "rows": sorted(int(n) for n in rows),
+            "versions": {"redwood": _version("redwood"), "torch": torch.__version__}}
+
+
+def choose_linear_rows(model, rows=KERNEL_ROWS, cache_dir=None, progress: bool = True,
+                       measure=None) -> frozenset[int]:
+    """The row counts (of `rows`) whose Linear work is faster through oneDNN than through
+    F.linear on this machine, for this model's shapes: timed once (a few seconds), cached
+    under $REDWOOD_CACHE/profiles/kernels/, reused while kernel_key matches. Route them with
+    cpu_kernels.apply_kernel_choice(model, rows); counts not in `rows` (prefill) stay on
+    F.linear. `measure(model, rows, progress)` -> {n: {"f_linear": ms, "onednn": ms}}
+    replaces the timing (tests). Empty without oneDNN or float32 Linear layers."""
+    from filelock import FileLock
+
+    from redwood.models.cpu_kernels import fast_linear_available, linear_shapes
+
+    if not fast_linear_available() or not linear_shapes(model):
+        return frozenset()
+    key = kernel_key(model, rows)
+    directory = profile_dir(cache_dir) / "kernels"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{key_digest(key)}.json"
+    with FileLock(str(path) + ".lock"):
+        cached = _load_kernel_choice(path, key)
+        if cached is not None:
+            return cached
+        if progress:
+            print(f"redwood: timing F.linear vs oneDNN for {len(key['rows'])} row counts on "
+                  f"{sum(s[3] for s in key['shapes'])} Linear layers (first use on {key['cpu']}; "
+                  f"cached in {directory})", file=sys.stderr, flush=True)
+        timings = (measure or _time_kernels)(model, key["rows"], progress)
+        chosen = frozenset(n for n, t in timings.items()
+                           if t["onednn"] < (1 - KERNEL_MARGIN) * t["f_linear"])
+        path.write_text(json.dumps({**key, "onednn_rows": sorted(chosen),
+                                    "ms": {str(n): t for n, t in sorted(timings.items())}}, indent=1))
+    if progress:
+        print(f"redwood: oneDNN for {_ranges(chosen) or 'no'} rows, F.linear elsewhere",
+              file=sys.stderr, flush=True)
+    return chosen
+
+
+def use_fastest_linear(model, cache_dir=None, progress: bool = True) -> frozenset[int]:
+    """choose_linear_rows, then route the model by it; returns the oneDNN rows."""
+    from redwood.models.cpu_kernels import apply_kernel_choice
+
+    rows = choose_linear_rows(model, cache_dir=cache_dir, progress=progress)
+    apply_kernel_choice(model, rows)
+    return rows
+
+
+def _time_kernels(model, rows, progress) -> dict:
+    from redwood.models.cpu_kernels import time_linear_kernels
+
+    def report(done, rounds):
+        print(f"  kernel timing round {done}/{rounds}" + (" (warm-up)" if done == 0 else ""),
+              file=sys.stderr, flush=True)
+
+    timings = time_linear_kernels(model, rows, progress=report if progress else None)
+    if progress:
+        print("  rows: F.linear / oneDNN ms: " + ", ".join(
+            f"{n}: {t['f_linear']:.1f}/{t['onednn']:.1f}" for n, t in timings.items()),
+              file=sys.stderr, flush=True)
+    return timings
+
+
+def _load_kernel_choice(path: Path, key: dict) -> frozenset[int] | None:
+    """The cached choice at `path` if it was measured under exactly `key` (else None)."""
+    try:
+        data = json.loads(path.read_text())
+        if {k: data.get(k) for k in key} == key:
+            return frozenset(int(n) for n in data["onednn_rows"])
+    except (OSError, ValueError, KeyError, TypeError):    # missing or damaged: measure again
+        pass
+    return None
+
+
+def _ranges(rows) -> str:
+    """{1, 2, 3, 7} -> '1-3, 7'."""
+    out, rows = [], sorted(rows)
+    for n in rows:
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+
+
 def replan(bundle, temperature: float, profile: Profile, draft_confidence: float | None = None):
     """(tree, draft_confidence) for `temperature` from the bundle's acceptance vector planned
     against this machine's `profile` (same budget and depth limits as the bundle's own plan).
@@ -139,6 +248,17 @@ def _model_id(backend) -> dict:
     except OSError:
         pass
     return {"name": str(name), "bytes": size, "dtype": getattr(backend, "dtype_name", "")}
+
+
+def _routed_rows(backend) -> list[int] | None:
+    """The row counts a transformers backend's model sends to oneDNN (None: stock F.linear)."""
+    from torch import nn
+
+    from redwood.models.cpu_kernels import onednn_rows
+
+    model = getattr(backend, "model", None)
+    rows = onednn_rows(model) if isinstance(model, nn.Module) else None
+    return None if rows is None else list(rows)
 
 
 def _threads(backend) -> int:

@@ -109,6 +109,69 @@ def save_acceptance(acceptance: Acceptance, path) -> Path:
     return acceptance.save(path)
 
 
+# --- acceptance by draft confidence ---------------------------------------------------
+
+CONFIDENCE_BINS = 10
+
+
+@dataclass
+class ConfidenceBins:
+    """How often the target accepted a drafted token, by the draft's own probability for it
+    (the confidence of docs/design.md §4.6): of the drafted tokens the verifier examined with
+    edges[b] <= probability < edges[b + 1] (the last bin includes 1), drafted[b] were examined
+    and accepted[b] accepted. Stored in an acceptance file as "confidence_bins"."""
+
+    edges: list[float]
+    drafted: list[int]
+    accepted: list[int]
+
+    def __post_init__(self):
+        self.edges = [float(x) for x in self.edges]
+        self.drafted = [int(x) for x in self.drafted]
+        self.accepted = [int(x) for x in self.accepted]
+        bins = len(self.edges) - 1
+        if bins < 1 or self.edges[0] != 0.0 or self.edges[-1] != 1.0 \
+                or any(b <= a for a, b in zip(self.edges, self.edges[1:])):
+            raise RedwoodError("confidence_bins: edges must rise from 0 to 1")
+        if len(self.drafted) != bins or len(self.accepted) != bins:
+            raise RedwoodError(f"confidence_bins: need {bins} drafted and accepted counts")
+        if any(a < 0 or a > d for a, d in zip(self.accepted, self.drafted)):
+            raise RedwoodError("confidence_bins: counts must satisfy 0 <= accepted <= drafted")
+
+    @classmethod
+    def empty(cls, bins: int = CONFIDENCE_BINS) -> "ConfidenceBins":
+        edges = [round(x, 12) for x in np.linspace(0.0, 1.0, bins + 1)]
+        return cls(edges, [0] * bins, [0] * bins)
+
+    def add(self, probability: float, accepted: bool) -> None:
+        """Count one examined drafted token of draft probability `probability`."""
+        b = int(np.searchsorted(self.edges, probability, side="right")) - 1
+        b = min(max(b, 0), len(self.drafted) - 1)
+        self.drafted[b] += 1
+        self.accepted[b] += int(bool(accepted))
+
+    @property
+    def rates(self) -> list[float | None]:
+        """accepted / drafted per bin; None where nothing was drafted."""
+        return [a / d if d else None for a, d in zip(self.accepted, self.drafted)]
+
+    def to_dict(self) -> dict:
+        return {"edges": self.edges, "drafted": self.drafted, "accepted": self.accepted,
+                "rate": [None if r is None else round(r, 6) for r in self.rates]}
+
+    @classmethod
+    def from_dict(cls, data) -> "ConfidenceBins":
+        if not isinstance(data, dict) or not {"edges", "drafted", "accepted"} <= set(data):
+            raise RedwoodError("confidence_bins must be an object with edges, drafted, accepted")
+        return cls(data["edges"], data["drafted"], data["accepted"])
+
+    @classmethod
+    def of(cls, acceptance: "Acceptance") -> "ConfidenceBins | None":
+        """The bins an acceptance file recorded (None for files written before they were)."""
+        data = acceptance.extra.get("confidence_bins")
+        return None if data is None else cls.from_dict(data)
+
+
 # --- latency profiles ------------------------------------------------------------------
 
 @dataclass

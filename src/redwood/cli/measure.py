@@ -17,16 +17,15 @@ def _add_quick(p):
                    "seconds (for CI and trying the pipeline)")
 
 
-def _no_tree(args):
+def _no_tree(args, drafters=("model",)):
     if args.tree is not None:
         raise RedwoodError(f"--tree does not apply to `redwood {args.verb}` (it measures the "
                            "models; `redwood tune` makes trees)")
-    if getattr(args, "drafter", "model") != "model":
+    if getattr(args, "drafter", "model") not in drafters:
         raise RedwoodError(f"--drafter {args.drafter} does not apply to `redwood {args.verb}`: it "
-                           "measures the draft model; the n-gram side of `ngram` and `hybrid` "
-                           "learns its acceptance online per request, sized by the first-use "
-                           "machine profile, and `hybrid` plans its model side from the bundle "
-                           "this verb writes")
+                           f"measures {' or '.join(drafters)} drafts (`redwood calibrate "
+                           "--drafter ngram` calibrates the n-gram drafter; `redwood tune "
+                           "--drafter hybrid|auto` tunes both sources into one bundle)")
 
 
 def _writable_file(path, flag):
@@ -101,8 +100,9 @@ def _add_calibration_args(p, num_prompts):
                    "(specinfer) replacement")
     p.add_argument("--width", type=int, default=None,
                    help="children of the star = length of p (default 16; --quick 8)")
-    p.add_argument("--prompts", default="humaneval", metavar="humaneval|FILE.jsonl",
-                   help="the HumanEval calibration split (default) or a JSONL file of "
+    p.add_argument("--prompts", default="humaneval", metavar="humaneval|edits|FILE.jsonl",
+                   help="the HumanEval calibration split (default), its edit tasks (edits: "
+                   "input-grounded, for --drafter ngram) or a JSONL file of "
                    '{"prompt": ...} lines')
     p.add_argument("--num-prompts", type=int, default=None,
                    help=f"use the first N prompts (default {num_prompts})")
@@ -117,7 +117,7 @@ def _given(value, default):
 
 def _prompt_source_check(args):
     """A malformed prompt file fails before minutes of model loading."""
-    if args.prompts != "humaneval":
+    if args.prompts not in ("humaneval", "edits"):
         from redwood.prompts import read_prompt_file
 
         read_prompt_file(args.prompts)
@@ -145,7 +145,7 @@ def _cmd_calibrate(args):
     from redwood.decode.params import check_sampling
     from redwood.measure.tune import QUICK_SETTINGS, load_models, prompts_for
 
-    _no_tree(args)
+    _no_tree(args, ("model", "ngram"))
     width = _given(args.width, QUICK_SETTINGS["width"] if args.quick else 16)
     max_new = _given(args.max_new_tokens, QUICK_SETTINGS["max_new_tokens"] if args.quick else 64)
     if isinstance(width, bool) or width < 1:
@@ -155,6 +155,12 @@ def _cmd_calibrate(args):
     _writable_file(args.out, "--out")
     if args.plot:
         _writable_file(args.plot, "--plot")
+    if args.drafter == "ngram":
+        from redwood.cli.ngram_measure import cmd_calibrate_ngram
+
+        return cmd_calibrate_ngram(args, max_new)
+    if args.prompts == "edits":
+        raise RedwoodError("--prompts edits calibrates the n-gram drafter: add --drafter ngram")
     pair = load_models(_model_config(args), quick=args.quick)
     prompts, dataset = prompts_for(pair, args.prompts, args.num_prompts or (None if args.quick else 16),
                                    quick=args.quick)
@@ -235,8 +241,12 @@ def _command_line(args) -> str:
 def _cmd_tune(args):
     from pathlib import Path
 
-    _no_tree(args)
+    _no_tree(args, ("model", "ngram", "hybrid", "auto"))
     from redwood.measure.tune import check_out_dir, int8_copy, load_models, prompts_for, tune
+
+    if args.prompts == "edits":
+        raise RedwoodError("tune calibrates the draft model on humaneval or a prompt file; its "
+                           "n-gram calibration (--drafter ngram|hybrid|auto) uses the edit tasks")
 
     settings = _tune_settings(args)
     _prompt_source_check(args)
@@ -261,6 +271,11 @@ def _cmd_tune(args):
     for temperature, c in chosen.choices.items():
         print(f"T = {temperature:g}: n = {c.budget}, d = {c.depth}, levels {c.tree.level_sizes}, "
               f"{c.tokens_per_step:.3f} tokens/step, predicted speedup {c.speedup:.3f}x")
+    if args.drafter != "model":
+        from redwood.cli.ngram_measure import add_to_bundle
+
+        add_to_bundle(args, pair, Path(result.directory), settings.temperatures,
+                      settings.max_new_tokens)
     print(f"wrote {result.directory} in {result.seconds:.0f} s "
           f"(use: redwood generate --tree {result.directory} ...)")
     return 0

@@ -71,7 +71,7 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                          progress=progress, fast_linear=fast_linear)
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if config.drafter == "ngram":
-        use_ngram_drafter(engine, progress)
+        use_ngram_drafter(engine, progress, bundle)
     elif config.drafter in ("hybrid", "auto"):
         if config.drafter == "auto" and bundle is None:
             raise RedwoodError("--drafter auto picks a drafter per temperature from a tuned "
@@ -90,14 +90,17 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     return engine, loaded.tokenizer
 
 
-def use_ngram_drafter(engine, progress: bool = True) -> None:
+def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
-    model on this machine's t(n) (measured once, cached) and governed like any other."""
+    model on this machine's t(n) (measured once, cached) and governed like any other; its
+    acceptance priors from the bundle's n-gram calibration when it has one."""
     from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
+    from redwood.measure.ngram_calibration import acceptance_model
 
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
-    engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms)
+    engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms,
+                                  model=acceptance_model(bundle))
     engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
 
 
@@ -111,13 +114,15 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
     from redwood.decode.hybrid_drafter import hybrid_drafting
     from redwood.measure.hybrid_plans import hybrid_plans
     from redwood.measure.machine_profile import machine_profile
+    from redwood.measure.ngram_calibration import acceptance_model
 
     if engine.draft_backend is None:
         raise RedwoodError("--drafter hybrid needs a draft model")
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     plans = hybrid_plans(engine.profile, bundle, tree, auto, bundle_latencies)
     temperatures = [e.temperature for e in bundle.entries] if bundle is not None else [0.0]
-    engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures)
+    engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures,
+                                                  acceptance=acceptance_model(bundle))
     engine.draft_confidence = 0.0
 
 

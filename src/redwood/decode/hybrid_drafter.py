@@ -253,17 +253,19 @@ def limits_tree(nodes: int, leaves: int, depth: int) -> Tree:
                                 "depth": depth})
 
 
-def hybrid_drafting(engine, plans, profile, temperatures=(0.0,),
-                    ngram_tree: Tree | None = None) -> tuple[HybridDrafter, Tree]:
+def hybrid_drafting(engine, plans, profile, temperatures=(0.0,), ngram_tree: Tree | None = None,
+                    acceptance=None) -> tuple[HybridDrafter, Tree]:
     """(drafter, the engine's budget tree) for an Engine with a draft model: the hybrid of its
     draft model, planned per temperature by `plans` (temperature -> (tree, expected tokens)),
     and a fresh n-gram drafter on `profile`'s target costs. The budget bounds the plans of
-    `temperatures` (every temperature a request may pick a plan for)."""
+    `temperatures` (every temperature a request may pick a plan for). acceptance: the n-gram
+    side's AcceptanceModel (calibrated priors), else the default priors."""
     from redwood.decode.ngram_drafter import ngram_budget_tree
 
     if engine.draft_backend is None:
         raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")
     model = DraftModelDrafter(engine.draft_backend, engine._clock, engine.layouts)
-    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms), profile, plans)
+    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms, model=acceptance),
+                            profile, plans)
     trees = [plans(t)[0] for t in temperatures]
     return drafter, hybrid_budget_tree(trees, ngram_tree or ngram_budget_tree())

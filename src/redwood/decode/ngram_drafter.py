@@ -57,15 +57,22 @@ PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 class AcceptanceModel:
     """Estimated c = P(node accepted | parent accepted, earlier siblings rejected), by
     key = (greedy, match-length bucket, depth bucket, rank 1 or later), as a Beta-style mean:
-    (accepted + prior · w) / (trials + w)."""
+    (accepted + prior · w) / (trials + w).
+
+    calibration: measured counts per key (measure/ngram_calibration.py); a key observed at
+    least CALIBRATED_MIN times there takes its measured rate as its prior, others the guesses."""
+
+    CALIBRATED_MIN = 8
 
     def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
-                 prior_weight: float = PRIOR_WEIGHT):
+                 prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None):
         if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
             raise RedwoodError(f"prior_rank1 needs {MATCH_BUCKETS} probabilities in [0, 1]")
         self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
         self.prior_weight = float(prior_weight)
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+        self.calibrated = {key: accepted / trials for key, (accepted, trials)
+                           in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
 
     @staticmethod
     def key(greedy: bool, node: TrieNode) -> tuple:
@@ -73,6 +80,8 @@ class AcceptanceModel:
                 min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
 
     def prior(self, key: tuple) -> float:
+        if key in self.calibrated:
+            return self.calibrated[key]
         first = self.prior_rank1[key[1]]
         return first * self.prior_later if key[3] else first
 

@@ -51,6 +51,12 @@ class Bundle:
     index: dict = field(default_factory=dict)
     fast_linear: bool = False              # profiled with --fast-linear (load models so)
 
+    @property
+    def ngram_acceptance(self) -> Path | None:
+        """The n-gram drafter's calibration (`tune --drafter ngram|hybrid|auto`), if any."""
+        name = self.index.get("ngram_acceptance")
+        return None if name is None else self.directory / name
+
     def entry(self, temperature: float) -> BundleEntry:
         """The entry whose temperature is nearest to `temperature` (ties: the lower one)."""
         if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
@@ -109,6 +115,9 @@ def load_bundle(directory) -> Bundle:
     if not isinstance(trees, list) or not trees:
         raise RedwoodError(f"{where}: 'trees' must be a non-empty list")
     entries = [_entry(item, directory, where) for item in trees]
+    extra = index.get("ngram_acceptance")
+    if extra is not None and not (directory / str(extra)).is_file():
+        raise RedwoodError(f"{where}: lists {extra}, which is missing from the bundle")
     return Bundle(directory, entries, index.get("draft_quantize"), index,
                   bool(index.get("fast_linear", False)))
 

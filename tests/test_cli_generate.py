@@ -135,3 +135,20 @@ def test_free_and_hybrid_drafters_keep_greedy_output(model_dirs, shipped_tokeniz
     assert set(record["accepted_by_source"]) <= ({"ngram", "model"} if drafter == "hybrid"
                                                  else {"ngram"})
     assert any((tmp_path / "cache").rglob("*.json")), "no machine profile was cached"
+
+
+def test_kernels_are_chosen_per_machine_unless_stock(model_dirs, capsys, tmp_path, monkeypatch):
+    """Default --kernels auto times F.linear against oneDNN once (cached under
+    REDWOOD_CACHE/profiles/kernels) and keeps the output; --kernels stock measures nothing."""
+    root, _, _ = model_dirs
+    outputs = {}
+    for kernels in ("stock", "auto"):
+        cache = tmp_path / kernels
+        monkeypatch.setenv("REDWOOD_CACHE", str(cache))
+        assert main(_args(root, "def add(a, b):", "--max-new-tokens", "8", "--ignore-eos",
+                          "--json", "--kernels", kernels)) == 0
+        outputs[kernels] = json.loads(capsys.readouterr().out)["tokens"]
+        choices = list(cache.rglob("kernels/*.json"))
+        # one choice per distinct set of Linear shapes (the tiny target and draft share one)
+        assert bool(choices) == (kernels == "auto"), choices
+    assert outputs["auto"] == outputs["stock"]

@@ -91,11 +91,20 @@ def load_models(model_config, bundle=None) -> Pair:
         model_config.model, target=model_config.target, draft=model_config.draft,
         dtype=model_config.dtype, device=model_config.device,
         draft_quantize=model_config.draft_quantize, fast_linear=fast_linear)
+    kernels = None
+    if not fast_linear and getattr(model_config, "kernels", "auto") == "auto":
+        from redwood.measure.machine_profile import choose_kernels
+
+        # every method (redwood's, transformers' generate and assisted generation) runs on
+        # these same model objects, so all of them get the kernels chosen here
+        kernels = choose_kernels(target, draft)
     explicit = model_config.target is not None
     name = (f"target {model_config.target}, draft {model_config.draft}" if explicit
             else (model_config.model or "qwen2.5-coder"))
     extras = [f"draft {model_config.draft_quantize}"] if model_config.draft_quantize else []
     extras += ["fast linear"] if fast_linear else []
+    extras += [f"kernels: oneDNN for {m} rows {_rows(r)}, F.linear otherwise"
+               for m, r in (kernels or {}).items()]
     if extras:
         name += f" ({', '.join(extras)})"
     return Pair(target, draft, tokenizer, name, None if explicit else (model_config.model or
@@ -316,3 +325,16 @@ def predicted_rate(tree: Tree, expected: float, profile: Profile | None) -> floa
         return None
     draft = step_draft_ms(tree, profile)
     return None if draft is None else 1000.0 * expected / (profile.target_ms[len(tree)] + draft)
+
+
+def _rows(rows) -> str:
+    """'1-32' / '4-8, 12' / 'none' for a set of row counts."""
+    rows = sorted(rows)
+    if not rows:
+        return "none"
+    spans, start = [], rows[0]
+    for prev, cur in zip(rows, rows[1:] + [None]):
+        if cur != prev + 1:
+            spans.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = cur
+    return ", ".join(spans)

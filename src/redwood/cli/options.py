@@ -33,7 +33,12 @@ def _add_model_args(p):
     p.add_argument("--draft-quantize", default=None, choices=["int8"],
                    help="dynamic int8 draft on CPU: faster drafts, output stays exact")
     p.add_argument("--fast-linear", action="store_true",
-                   help="CPU float32: oneDNN matmuls for 4-64 rows (up to 2x faster tree forwards)")
+                   help="CPU float32: oneDNN matmuls for 4-64 rows, whatever this machine measures "
+                   "(the fixed rule of older bundles; --kernels auto measures instead)")
+    p.add_argument("--kernels", default="auto", choices=["auto", "stock"],
+                   help="transformers backend on a CPU, float32: auto (default) times F.linear "
+                   "(MKL) against oneDNN for every row count 1-32 at first use (seconds, cached "
+                   "per machine) and routes each to the faster; stock: F.linear everywhere")
 
 
 def _model_config(args):
@@ -42,6 +47,7 @@ def _model_config(args):
     return ModelConfig(model=args.model, target=args.target, draft=args.draft, tree=args.tree,
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
                        fast_linear=getattr(args, "fast_linear", False),
+                       kernels=getattr(args, "kernels", "auto"),
                        draft_confidence=args.draft_confidence, backend=args.backend,
                        bundle_latencies=getattr(args, "bundle_latencies", False),
                        drafter=getattr(args, "drafter", "model"))

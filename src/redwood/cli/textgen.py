@@ -24,6 +24,7 @@ class ModelConfig:
     device: str = "cpu"
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
+    kernels: str = "auto"              # "auto": F.linear or oneDNN per row count, measured here
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
@@ -62,13 +63,18 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
             tree, confidence = bundle.drafting(temperature, config.draft_confidence)
             if backend == "hf":
                 draft_quantize = draft_quantize or bundle.draft_quantize
-                fast_linear = fast_linear or bundle.fast_linear
+                # the bundle's fixed rule only where this machine's choice is not measured
+                fast_linear = fast_linear or (bundle.fast_linear and config.kernels == "stock")
         else:
             tree = resolve_tree(config.tree, temperature, pair, backend)
     check_draft_confidence(confidence or 0.0)          # before minutes of model loading
     loaded = load_models(config.model, target=config.target, draft=config.draft, backend=backend,
                          dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,
                          progress=progress, fast_linear=fast_linear)
+    if backend == "hf" and config.kernels == "auto" and not fast_linear:
+        from redwood.measure.machine_profile import choose_kernels
+
+        choose_kernels(loaded.target, loaded.draft, progress)
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if config.drafter == "ngram":
         use_ngram_drafter(engine, progress, bundle)

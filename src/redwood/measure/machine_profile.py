@@ -177,6 +177,21 @@ def use_fastest_linear(model, cache_dir=None, progress: bool = True) -> frozense
     return rows
 
 
+def choose_kernels(target, draft, progress: bool = True) -> dict:
+    """Route each float32 CPU model's Linear layers, per row count, to whichever of F.linear
+    and oneDNN this machine measured faster (measure.machine_profile.choose_linear_rows,
+    cached). Returns {"target": rows, "draft": rows} sent to oneDNN."""
+    import torch
+
+    chosen = {}
+    for name, model in (("target", target), ("draft", draft)):
+        weight = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+        if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+            continue
+        chosen[name] = use_fastest_linear(model, progress=progress)
+    return chosen
+
+
 def _time_kernels(model, rows, progress) -> dict:
     from redwood.models.cpu_kernels import time_linear_kernels
 

@@ -273,15 +273,15 @@ def joint_law(backend, temperature) -> dict:
     return law
 
 
-@pytest.mark.parametrize("method", ["sequoia", "specinfer",           # ~7 s each on 2 cores
-                                    pytest.param("chain", marks=pytest.mark.slow)])
-def test_first_two_tokens_follow_the_target_while_sharing(contexts, engine, method):
+@pytest.mark.parametrize("method, live", [("sequoia", 0), ("specinfer", 0), ("sequoia", 1),  # 7 s
+                                          pytest.param("chain", 0, marks=pytest.mark.slow)])
+def test_first_two_tokens_follow_the_target_while_sharing(contexts, engine, method, live):
     """Two-token requests (seeds 0..N-1, T = 1) run two at a time beside two longer requests
     (one sampled, one greedy, replaced as they finish); their first two tokens follow the
-    target's own law."""
-    sched = scheduler(contexts)
-    background = []
-    counts, gained, pending, seed = Counter(), 0, [], 0
+    target's own law. live: trees planned from every request's live acceptance."""
+    sched = scheduler(contexts, BatchPlanner(synthetic_profile(0.02), 12, 6, LEAVES, N_BATCH)
+                      if live else None)
+    background, counts, gained, pending, seed = [], Counter(), 0, [], 0
     for step in range(20 * CHI_DRAWS):
         background = [r for r in background if not r.done]
         while len(background) < 2:

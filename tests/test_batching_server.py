@@ -1,5 +1,6 @@
 """The batched server end to end: uvicorn on 127.0.0.1 in a thread, the official `openai`
-client, a BatchScheduler over tiny GGUF models (the tokenizer read from the same GGUF).
+client, a BatchScheduler over tiny GGUF models (the tokenizer read from the same GGUF); and
+what the server's batch is planned with: live acceptance, the plain fallback, the profile.
 
 Every wait is bounded (a deadline, then a failure message); nothing asserts a duration.
 """
@@ -12,15 +13,18 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from redwood.backends.llamacpp_multi import MultiSeqContext  # noqa: E402
-from redwood.plan.batch_planner import BatchPlanner  # noqa: E402
+from redwood.decode.params import SamplingParams  # noqa: E402
+from redwood.plan.batch_planner import BatchPlanner, LiveAcceptance  # noqa: E402
+from redwood.plan.formats import Profile  # noqa: E402
 from redwood.serve.app import ServerConfig, create_app  # noqa: E402
-from redwood.serve.batching import BatchScheduler  # noqa: E402
-from test_batching import (CLEAR_PROMPTS, P, assert_all_free, engine, paths,  # noqa: E402,F401
-                           synthetic_profile)
+from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
+from test_batching import (CLEAR_PROMPTS, P, assert_all_free, context, engine,  # noqa: E402,F401
+                           paths, synthetic_profile)
 from test_server import DEADLINE_S, metric, running, scrape  # noqa: E402
 from tiny_gguf import tiny_gguf_pair  # noqa: E402,F401
 
@@ -157,7 +161,8 @@ def test_load_batch_scheduler_for_the_cli(paths, tmp_path, monkeypatch):
     from redwood.measure import profile as profile_module
     from redwood.plan.batch_planner import FixedPlanner
     from redwood.plan.tree import Tree
-    from redwood.serve.batch_setup import batch_sizes, choose_max_batch, load_batch_scheduler
+    from redwood.serve.batch_setup import (PROFILE_METHOD, batch_sizes, choose_max_batch,
+                                           load_batch_scheduler)
 
     options = dict(target=paths[0], draft=paths[1], progress=False, n_threads=1,
                    cache_dir=tmp_path)
@@ -167,6 +172,7 @@ def test_load_batch_scheduler_for_the_cli(paths, tmp_path, monkeypatch):
         made.append(scheduler)
         assert isinstance(scheduler.planner, BatchPlanner) and scheduler.max_batch == 2
         assert sorted(scheduler.planner.profile.target_ms) == batch_sizes(32)
+        assert scheduler.planner.profile.extra["machine_key"]["method"] == PROFILE_METHOD
         assert len(tok) == scheduler.target.vocab_size
         monkeypatch.setattr(profile_module, "profile_latency",
                             lambda *a, **k: pytest.fail("the cached profile was not reused"))
@@ -195,3 +201,130 @@ def test_serve_refuses_a_bad_max_batch(capsys):
 
     assert main(["serve", "--max-batch", "0"]) == 2
     assert "--max-batch must be at least 1" in capsys.readouterr().err
+
+
+# -- what the batch is planned with ------------------------------------------------------------
+
+# This CPU's shape (shipped 1.5B target / 0.5B draft, min over rounds): t(k) far from flat.
+CPU_LIKE = Profile({1: 28, 2: 50, 3: 65, 4: 78, 6: 120, 8: 175, 16: 260, 32: 465},
+                   {1: 17, 2: 40, 3: 50, 4: 54, 8: 73, 16: 95, 32: 177})
+
+
+def run_live(planner, steps: int, accepted) -> list[int]:
+    """Plan one request `steps` times, its tree verified as `accepted(tree)` (a path)."""
+    live, sizes = LiveAcceptance(P), []
+    for _ in range(steps):
+        tree = planner.plan([live.for_plan()]).trees[0]
+        sizes.append(len(tree))
+        live.planned(len(tree) > 1)
+        if len(tree) > 1:
+            live.record(tree, accepted(tree))
+    return sizes
+
+
+def test_failing_drafts_converge_to_plain_with_probes():
+    """Where trees pay at the prior P, a request whose drafts all fail is planned the root alone
+    within 6 steps, probes (the prior's tree) once every 9 steps, and drops back at once; one
+    whose first-ranked drafts are always kept keeps its trees and learns p_1 up."""
+    planner = BatchPlanner(synthetic_profile(0.5, 10.0), 16, 8, 4, 40)
+    sizes = run_live(planner, 40, lambda tree: [0])
+    first_plain = sizes.index(1)
+    assert sizes[0] > 1 and first_plain <= 6
+    rest = sizes[first_plain:]
+    probes = [i for i, n in enumerate(rest) if n > 1]
+    assert probes and all(b - a == 9 for a, b in zip(probes, probes[1:]))
+
+    def first_ranks(tree):
+        path = [0]
+        while tree.children[path[-1]]:
+            path.append(tree.children[path[-1]][0])
+        return path
+
+    assert min(run_live(planner, 20, first_ranks)) > 1
+    live = LiveAcceptance(P)
+    tree = planner.plan([P]).trees[0]
+    for _ in range(10):
+        live.record(tree, first_ranks(tree))
+    assert live.p[0] > P[0] + 0.1 and live.p[1] < P[1]
+    assert LiveAcceptance((0.0,)).for_plan() == (0.0,)        # autoregressive: never a probe
+
+
+def test_plan_is_plain_when_speculation_does_not_pay():
+    """On this CPU's t(N) no batch speculates (its planned rate equals plain batching's), and
+    a lagging draft's catch-up tokens count in the first draft level."""
+    planner = BatchPlanner(CPU_LIKE, 16, 8, 16, 512)
+    for batch in (1, 2, 4, 8):
+        plan = planner.plan([(0.9, 0.05)] * batch)
+        assert [len(t) for t in plan.trees] == [1] * batch
+        assert plan.tokens_per_second == pytest.approx(1000 * batch / CPU_LIKE.target_ms[batch])
+    cheap = Profile({n: 10.0 + 0.5 * n for n in range(1, 41)},
+                    {n: 1.0 + 2.0 * n for n in range(1, 41)})
+    planner = BatchPlanner(cheap, 16, 8, 4, 40)
+    assert len(planner.plan([P], [0]).trees[0]) > 1
+    assert len(planner.plan([P], [16]).trees[0]) == 1         # 17 draft tokens first: no gain
+
+
+def test_batch_profile_takes_the_minimum_of_warm_rounds(paths, monkeypatch):
+    """measure_batch_profile times every size after a warm-up round and keeps the minimum, so a
+    slow first run or bursts of other work (every third reading here) do not enter t(N)."""
+    from redwood.measure import profile as profile_module
+    from redwood.serve.batch_setup import ROUNDS_SMALL, measure_batch_profile
+
+    calls = []
+
+    class NoisyTimer:
+        def __init__(self, device):
+            pass
+
+        def __call__(self, fn):
+            fn()
+            calls.append(1)
+            return 0.5 if len(calls) % 3 == 1 else 0.010          # s; the first is slow too
+
+    monkeypatch.setattr(profile_module, "_Timer", NoisyTimer)
+    made = [context(path, lanes=5) for path in paths]               # 40 sequence ids
+    try:
+        sizes = [1, 2, 3, 4, 36]
+        profile = measure_batch_profile(made[0].backend, made[1].backend, sizes)
+    finally:
+        for ctx in made:
+            ctx.close()
+    assert sorted(profile.target_ms) == sorted(profile.draft_ms) == sizes
+    assert set(profile.target_ms.values()) == set(profile.draft_ms.values()) == {10.0}
+    samples = profile.extra["samples_ms"]["target"]
+    assert len(samples["1"]) == ROUNDS_SMALL and len(samples["36"]) < ROUNDS_SMALL
+    assert profile.extra["source"]["statistic"] == "min"
+
+
+def test_logit_rows_are_a_slice_when_contiguous():
+    """A job's logits rows in batch order come back as a view (no per-step index copy)."""
+    import numpy as np
+
+    from redwood.backends.llamacpp_multi import _take_rows
+
+    x = torch.arange(12.0).reshape(4, 3)
+    rows = _take_rows(x, np.array([1, 2]))
+    assert rows.data_ptr() == x[1].data_ptr() and torch.equal(rows, x[1:3])
+    assert torch.equal(_take_rows(x, np.array([3, 0])), x[[3, 0]])
+
+
+def test_a_request_whose_drafts_fail_runs_plain(paths, tiny_gguf_pair, engine):
+    """An unrelated draft (another seed) is almost never accepted: after a few trees the
+    request decodes plainly, with rare probes, and its output is the engine's alone."""
+    made = [context(paths[0]), context(tiny_gguf_pair[1])]
+    try:
+        planner = BatchPlanner(synthetic_profile(0.5, 10.0), 12, 6, 8, 128)
+        sched = BatchScheduler(*made, planner, acceptance=lambda params: P)
+        request = sched.submit(BatchRequest(CLEAR_PROMPTS[0], SamplingParams(40),
+                                            stop_on_eos=False))
+        sched.run(1000)
+        sizes = request.tree_sizes
+        rest = sizes[sizes.index(1):]                       # after the first plain step
+        assert sizes[0] > 1 and sizes.index(1) <= 6
+        assert sum(n > 1 for n in rest) <= 1 + len(rest) // 8      # probes only
+        assert request.tokens == engine.generate(torch.tensor(CLEAR_PROMPTS[0]), 40,
+                                                 stop_on_eos=False).tokens
+        assert_all_free(*made)
+    finally:
+        for ctx in made:
+            ctx.close()

@@ -18,6 +18,13 @@ faster than the tokens trees add, and the best allocation stays at budget 1 for 
 
 Only measured totals are candidates (t is not monotonic, nothing is interpolated, §3); a
 request's tree must fit its lane (`max_leaves`) and the step must fit one decode (`max_total`).
+A request whose draft lags its text by `lag` tokens must run them in the first draft decode
+before it can speculate, so they count in that level's width. If no allocation beats every
+request at budget 1 (plain batched decoding), the plan is plain and the draft does not run.
+
+`LiveAcceptance` keeps each request's acceptance vector live: the verifier's outcomes, decayed,
+replace the data set's average (docs/design.md §3.2 for the single-request governor), so a
+request whose drafts fail drops to plain decoding within a few steps and probes now and then.
 Pure numpy, like the rest of redwood.plan.
 """
 from __future__ import annotations
@@ -32,6 +39,65 @@ from redwood.plan.planner import dp_table
 from redwood.plan.tree import Tree
 
 ROOT_ONLY = Tree([-1], {"kind": "root only", "planner": "batch"})
+MAX_LAG = 16          # lag tokens counted in a plan (batch_steps.CATCH_UP: more wait for chunks)
+
+
+class LiveAcceptance:
+    """One request's positional acceptance vector, learnt from its own verified steps.
+
+    p_k = hits_k / trials_k, the unconditional chance that the rank-k child is the accepted one
+    (§2.1): every node of an accepted path that had c children is one trial for ranks 1..c and a
+    hit for the rank of the child the path continues to (none at the path's end). The counts are
+    decayed by `decay` per speculative step (about the last five steps weigh most) and start
+    from the prior vector worth `prior_weight` trials. Only past outcomes enter, never the
+    current step's draws, so the verifiers stay exact (the tree may depend on the past).
+
+    After `probe_every` steps in a row without a tree, the plan is asked with the prior vector
+    once (a probe): whether it speculates is still the planner's cost-based choice."""
+
+    def __init__(self, prior, prior_weight: float = 2.0, decay: float = 0.8,
+                 probe_every: int = 8, resolution: float = 0.02):
+        self.prior = tuple(float(x) for x in prior)
+        self.decay, self.probe_every, self.resolution = decay, probe_every, resolution
+        self.hits = prior_weight * np.asarray(self.prior, dtype=np.float64)    # [W]
+        self.trials = np.full(len(self.prior), float(prior_weight))             # [W]
+        self.plain_run = 0
+        self.speculative_steps = 0
+
+    @property
+    def p(self) -> tuple:
+        """The live vector: non-increasing, sum <= 1, rounded down to `resolution` (plans are
+        cached per composition, so nearby vectors share one; down keeps the sum <= 1)."""
+        p = np.minimum.accumulate(self.hits / np.maximum(self.trials, 1e-12))
+        total = p.sum()
+        if total > 1.0:
+            p = p / total
+        steps = np.floor(p / self.resolution + 1e-9)
+        return tuple(round(float(x) * self.resolution, 6) for x in steps)
+
+    def for_plan(self) -> tuple:
+        """The vector to plan this step with: the live one, or the prior on a probe step."""
+        if self.plain_run >= self.probe_every and any(x > 0 for x in self.prior):
+            return self.prior
+        return self.p
+
+    def planned(self, speculative: bool) -> None:
+        """The plan gave the request a tree (or the root alone) this step."""
+        self.plain_run = 0 if speculative else self.plain_run + 1
+
+    def record(self, tree: Tree, path) -> None:
+        """A verified step: `path` the accepted nodes of `tree`, starting with the root."""
+        width = len(self.hits)
+        hits, trials = np.zeros(width), np.zeros(width)
+        path = [int(u) for u in path]
+        for i, u in enumerate(path):
+            children = tree.children[u]
+            trials[:min(len(children), width)] += 1
+            if i + 1 < len(path) and tree.ranks[path[i + 1]] <= width:
+                hits[tree.ranks[path[i + 1]] - 1] += 1
+        self.hits = self.decay * self.hits + hits
+        self.trials = self.decay * self.trials + trials
+        self.speculative_steps += 1
 
 
 @dataclass
@@ -95,9 +161,11 @@ class BatchPlanner:
         """The most nodes a request's tree may have (KV cells it may hold beyond its text)."""
         return self.max_budget
 
-    def plan(self, ps: list) -> BatchPlan:
-        """Trees for requests with acceptance vectors `ps` (one per live request)."""
-        keys = [tuple(round(float(x), 6) for x in p) for p in ps]
+    def plan(self, ps: list, lags: list | None = None) -> BatchPlan:
+        """Trees for requests with acceptance vectors `ps` (one per live request); lags[r]:
+        tokens request r's draft must catch up on before it can draft (None: all 0)."""
+        lags = [0] * len(ps) if lags is None else [min(MAX_LAG, max(0, int(x))) for x in lags]
+        keys = [(tuple(round(float(x), 6) for x in p), lag) for p, lag in zip(ps, lags)]
         if not keys:
             return BatchPlan([], 0, 0.0, None, None)
         order = sorted(range(len(keys)), key=lambda i: keys[i])
@@ -115,14 +183,17 @@ class BatchPlanner:
 
     def _options_for(self, key: tuple) -> _Options:
         if key not in self._options:
+            if len(self._options) >= 4096:          # live vectors drift: bound the cache
+                self._options.clear()
             budget = self.max_budget if any(x > 0 for x in key) else 1
             self._options[key] = _Options(key, budget, self.max_depth, self.max_leaves)
         return self._options[key]
 
     def _allocate(self, keys: tuple) -> BatchPlan:
-        options = [self._options_for(k) for k in keys]
+        options = [self._options_for(p) for p, _ in keys]
+        lags = [lag for _, lag in keys]
         budgets = [1] * len(keys)
-        best = self._evaluate(options, budgets)
+        best = self._evaluate(options, budgets, lags)       # plain batched decoding: the yardstick
         best_budgets = list(budgets)
         total = len(keys)
         while True:
@@ -141,35 +212,39 @@ class BatchPlanner:
             budgets[r] = nxt
             if total > max(self.profile.target_ms):
                 break
-            candidate = self._evaluate(options, budgets)
-            if candidate.tokens_per_second is not None and (
-                    best.tokens_per_second is None
-                    or candidate.tokens_per_second > best.tokens_per_second):
+            candidate = self._evaluate(options, budgets, lags)
+            rate = candidate.tokens_per_second
+            if rate is not None and (best.tokens_per_second is None
+                                     or rate > best.tokens_per_second):
                 best, best_budgets = candidate, list(budgets)
+            elif rate is not None and rate < 0.5 * best.tokens_per_second:
+                break          # marginal gains only shrink: far below the best, it never returns
         if best.tokens_per_second is None:           # nothing measured: plain batched decoding
             best_budgets = [1] * len(keys)
-        return self._evaluate(options, best_budgets)
+        return self._evaluate(options, best_budgets, lags)
 
-    def _evaluate(self, options: list[_Options], budgets: list[int]) -> BatchPlan:
+    def _evaluate(self, options: list[_Options], budgets: list[int], lags: list[int]) -> BatchPlan:
         trees = [opt.trees[n] for opt, n in zip(options, budgets)]
         total = sum(budgets)
         expected = sum(opt.values[n] for opt, n in zip(options, budgets))
         target = self.profile.target_ms.get(total)
-        draft = self._draft_ms(options, budgets)
+        draft = self._draft_ms(options, budgets, lags)
         if target is None or draft is None:
             return BatchPlan(trees, total, expected, None, None)
         step = target + draft
         return BatchPlan(trees, total, expected, step, 1000.0 * expected / step)
 
-    def _draft_ms(self, options: list[_Options], budgets: list[int]) -> float | None:
+    def _draft_ms(self, options: list[_Options], budgets: list[int],
+                  lags: list[int]) -> float | None:
         """One draft forward per level across requests; a level's width is the sum of the
-        requests' widths there (the draft cost of design §3, summed over the batch)."""
+        requests' widths there (the draft cost of design §3, summed over the batch), the first
+        level's plus the lag tokens of the requests that draft."""
         widths: list[int] = []
-        for opt, n in zip(options, budgets):
+        for opt, n, lag in zip(options, budgets, lags):
             for level, width in enumerate(opt.levels[n]):
                 if level == len(widths):
                     widths.append(0)
-                widths[level] += width
+                widths[level] += width + (lag if level == 0 else 0)
         total = 0.0
         for width in widths:
             t = self.profile.draft_level_ms(width)
@@ -190,7 +265,7 @@ class FixedPlanner:
     def max_nodes(self) -> int:
         return len(self.tree)
 
-    def plan(self, ps: list) -> BatchPlan:
+    def plan(self, ps: list, lags: list | None = None) -> BatchPlan:
         if len(self.tree) * len(ps) > self.max_total:
             raise RedwoodError(f"{len(ps)} trees of {len(self.tree)} nodes exceed one decode of "
                                f"{self.max_total} tokens; use a smaller tree or max_batch")

@@ -33,6 +33,7 @@ class Work:
     ran: set = field(default_factory=set)     # nodes the draft ran (they had children)
     catch_up: bool = False                    # planned a tree, but its draft lags: root only
     logits: torch.Tensor | None = None        # [n, V] target logits after each node
+    path: list | None = None                  # accepted nodes from the root (verify)
 
     @property
     def speculative(self) -> bool:
@@ -154,6 +155,7 @@ def verify(scheduler, w: Work) -> list[int]:
         probs = process_logits(w.logits, params.temperature, params.top_k, params.top_p)
         path, bonus = verify_tree(probs, w.draft_probs, w.tokens, tree,
                                   live.chooser.replacement, live.generator)
+    w.path = [int(u) for u in path]
     scheduler.target.keep_path(live.target_lane, path)
     scheduler.draft.keep_path(live.draft_lane, [u for u in path[1:] if u in w.ran])
     live.pending = [int(w.tokens[u]) for u in path[1:] if u not in w.ran]

@@ -37,6 +37,7 @@ from redwood.backends.llamacpp_multi import MultiSeqContext
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.params import SamplingParams
 from redwood.errors import RedwoodError
+from redwood.plan.batch_planner import LiveAcceptance
 from redwood.serve import batch_steps
 
 METHODS = ("sequoia", "specinfer", "chain", "autoregressive")
@@ -87,6 +88,12 @@ class Live:
     # up only when the planner gives the request a tree, so a batch that never speculates
     # never runs the draft at all (batch_steps.draft_phase).
     pending: list[int] = field(default_factory=list)
+    # p as learnt from this request's own verified steps (the planner plans with it).
+    acceptance: LiveAcceptance | None = None
+
+    def __post_init__(self):
+        if self.acceptance is None:
+            self.acceptance = LiveAcceptance(self.p)
 
     @property
     def ready(self) -> bool:
@@ -233,7 +240,8 @@ class BatchScheduler:
         if not self.live:
             return False
         ready = [x for x in self.live if x.ready]
-        plan = self.planner.plan([x.p for x in ready])
+        lags = [len(x.pending) for x in ready] if self.draft is not None else None
+        plan = self.planner.plan([x.acceptance.for_plan() for x in ready], lags)
         work = [batch_steps.Work(x, tree) for x, tree in zip(ready, plan.trees)]
         batch_steps.method_trees(work)
         batch_steps.hold_back_lagging_drafts(self, work)
@@ -253,8 +261,12 @@ class BatchScheduler:
                     self._finish(live, live.request, "error")
             return True
         self.failures = 0
-        for w in work:
-            info.new_tokens += self._emit(w.live, batch_steps.verify(self, w), len(w.tree))
+        for w, planned in zip(work, plan.trees):
+            new = batch_steps.verify(self, w)
+            w.live.acceptance.planned(len(planned) > 1)
+            if w.speculative:
+                w.live.acceptance.record(w.tree, w.path)
+            info.new_tokens += self._emit(w.live, new, len(w.tree))
         info.seconds = time.perf_counter() - start
         self.last = info
         return True

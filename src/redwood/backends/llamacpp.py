@@ -266,7 +266,10 @@ class LlamaCppBackend:
             return torch.empty(0, self.vocab_size)
         kept = np.flatnonzero(outputs)               # logits come in batch order
         logits = self._logits(len(kept))
-        return logits[np.searchsorted(kept, rows)]
+        order = np.searchsorted(kept, rows)
+        if np.array_equal(order, np.arange(len(kept))):
+            return logits                            # the usual case: no [n, V] gather copy
+        return logits[torch.from_numpy(order)]
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         self._live()

@@ -44,7 +44,17 @@ def hybrid_drafter():
                          flat, lambda t: (Tree([-1, 0, 0, 1]), 2.0), probe_every=0)
 
 
-FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter, "hybrid": hybrid_drafter}
+def grown_drafter():
+    # per-step trees grown best-first on gentle costs (decode/tree_growth.py)
+    from redwood.decode.tree_growth import BestFirstGrowth
+
+    drafter = draft_model_drafter()
+    drafter.growth = BestFirstGrowth({n: 10.0 + 0.3 * n for n in range(1, 33)}, lambda w: 0.3)
+    return drafter
+
+
+FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter, "hybrid": hybrid_drafter,
+             "draft_model_grown": grown_drafter}
 
 
 @pytest.fixture(params=list(FACTORIES))

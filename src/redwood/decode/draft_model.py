@@ -14,11 +14,12 @@ class DraftModelDrafter:
     step the root is committed first, then only nodes that get children are run, one
     backend call per level (tentative nodes, kept by `commit` when on the accepted path)."""
 
-    def __init__(self, backend, clock, layouts: LayoutCache | None = None):
+    def __init__(self, backend, clock, layouts: LayoutCache | None = None, growth=None):
         self.backend = backend
         self.clock = clock                      # callable returning seconds (syncs CUDA)
         self.layouts = layouts or LayoutCache(backend.device)
         self.pending: list[int] = []
+        self.growth = growth                    # decode.tree_growth.BestFirstGrowth or None
 
     def prefill(self, prompt_ids: torch.Tensor) -> None:
         self.backend.reset()
@@ -50,7 +51,10 @@ class DraftModelDrafter:
         path_confidence = [1.0] * n                    # lowest draft probability on the path
         holder: dict = {}                              # lazily allocated draft_probs [n, V]
         expanding, forwards = [0], 1
-        while True:
+        if self.growth is not None:
+            forwards = self._grow(tree, logits, tokens, choose, holder, alive)
+            expanding = []
+        while expanding:
             confidences = self._assign_children(tree, expanding, logits, tokens, choose, n,
                                                 holder, min_confidence > 0)
             next_level = []
@@ -79,18 +83,60 @@ class DraftModelDrafter:
             probs = None if probs is None else probs[rows]
         return Proposal(tokens, probs, layout, None, self.clock() - start, forwards)
 
+    def _grow(self, tree, logits, tokens, choose, holder, alive) -> int:
+        """Level by level inside `tree`, the children each node keeps and the nodes expanded
+        next are the growth rule's (decode/tree_growth.py); returns the draft forwards run."""
+        growth, expanding, forwards = self.growth, [0], 1
+        growth.begin()
+        while expanding:
+            q = self._laws(logits, choose)                                  # [m, V] float32
+            widest = max(len(tree.children[u]) for u in expanding)
+            top = q.topk(min(widest, q.shape[-1]), dim=-1).values.tolist()
+            counts = growth.child_counts(expanding, top, [len(tree.children[u]) for u in expanding])
+            if not any(counts):
+                break
+            self._assign_children(tree, expanding, logits, tokens, choose, len(tree), holder,
+                                  False, k=max(counts))
+            kept = []
+            for row, u in enumerate(expanding):
+                kids = tree.children[u][:counts[row]]
+                for kid in kids:
+                    alive[kid] = True
+                growth.add_children(u, kids, q[row, tokens[kids]].tolist() if kids else [])
+                kept += [kid for kid in kids if tree.children[kid]]
+            expanding = growth.to_expand(kept)
+            if expanding:
+                expanding.sort()                      # BFS order within the level
+                logits = self.backend.run_tree(tree, expanding, tokens[expanding],
+                                               self.root_position)
+                self.ran.update(expanding)
+                growth.ran_level(len(expanding))
+                forwards += 1
+        return forwards
+
     @staticmethod
-    def _assign_children(tree, nodes, logits, tokens, choose, n, holder, want_confidence):
-        """Pick children for `nodes` (which all have children) from their logits [m, V].
-        Returns the draft probability of each child (list of lists) when asked."""
-        k = max(len(tree.children[u]) for u in nodes)
+    def _laws(logits, choose):
+        """The draft's law at each row (the sampling law; the raw softmax when greedy)."""
+        from redwood.decode.sampling import process_logits
+
+        if choose.greedy:
+            return torch.softmax(logits.float(), dim=-1)
+        return process_logits(logits, choose.temperature, choose.top_k, choose.top_p)
+
+    @staticmethod
+    def _assign_children(tree, nodes, logits, tokens, choose, n, holder, want_confidence,
+                         k=None):
+        """Pick children for `nodes` (which all have children) from their logits [m, V]:
+        k per node (default: the most any of them has in `tree`; a node keeps its first
+        ones). Returns the draft probability of each child (list of lists) when asked."""
+        k = k or max(len(tree.children[u]) for u in nodes)
         children, probs = choose(logits, k)
         if probs is not None:
             if "probs" not in holder:
                 holder["probs"] = torch.empty(n, probs.shape[-1], dtype=torch.float32, device=probs.device)
             holder["probs"][nodes] = probs
         for row, u in enumerate(nodes):
-            kids = tree.children[u]
+            kids = tree.children[u][:k]
             tokens[kids[0]:kids[-1] + 1] = children[row, :len(kids)].to(tokens.device)
         if not want_confidence:
             return None

@@ -152,3 +152,20 @@ def test_kernels_are_chosen_per_machine_unless_stock(model_dirs, capsys, tmp_pat
         # one choice per distinct set of Linear shapes (the tiny target and draft share one)
         assert bool(choices) == (kernels == "auto"), choices
     assert outputs["auto"] == outputs["stock"]
+
+
+def test_grown_trees_keep_greedy_output(model_dirs, shipped_tokenizer, capsys, tmp_path,
+                                        monkeypatch):
+    """`--grow`: each step's tree grown inside --tree on this machine's first-use profile."""
+    root, target, draft = model_dirs
+    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    assert main(_args(root, "def add(a, b):", "--max-new-tokens", "12", "--ignore-eos", "--json",
+                      "--grow")) == 0
+    record = json.loads(capsys.readouterr().out)
+    ids = torch.tensor(shipped_tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"])
+    expected = Engine(target, draft, TREE).generate(ids, 12, method="autoregressive",
+                                                    stop_on_eos=False)
+    assert record["tokens"] == expected.tokens
+    assert record["draft_tokens_per_step"] <= len(TREE) - 1
+    assert main(_args(root, "x", "--grow", "--drafter", "ngram")) == 2
+    assert "--grow applies to the draft-model drafter" in capsys.readouterr().err

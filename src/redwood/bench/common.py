@@ -14,7 +14,8 @@ METHOD_LABELS = {"autoregressive": "autoregressive (redwood)", "hf_generate": "H
                  "llamacpp_prompt_lookup": "llama.cpp prompt lookup",
                  "llamacpp_prompt_lookup_best": "llama.cpp prompt lookup (best k)",
                  "sequoia_governed": "sequoia (re-planned, governed)",
-                 "ngram": "n-gram (governed)", "hybrid": "hybrid n-gram + model (governed)"}
+                 "ngram": "n-gram (governed)", "hybrid": "hybrid n-gram + model (governed)",
+                 "sequoia_grown": "sequoia (grown per step, governed)"}
 
 
 def cpu_cores() -> int:

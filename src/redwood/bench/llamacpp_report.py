@@ -6,7 +6,7 @@ from __future__ import annotations
 from redwood.bench.common import METHOD_LABELS
 
 REDWOOD = ("autoregressive", "chain", "specinfer", "sequoia", "sequoia_fixed", "sequoia_adaptive",
-           "sequoia_governed", "ngram", "hybrid")
+           "sequoia_governed", "sequoia_grown", "ngram", "hybrid")
 
 
 def _fmt(value, pattern="{:.2f}", missing="–") -> str:

@@ -41,7 +41,8 @@ METHODS = ("autoregressive", "hf_generate", "hf_assisted_default", "hf_assisted_
            "chain", "specinfer", "sequoia", "sequoia_adaptive")
 HF_METHODS = ("hf_generate", "hf_assisted_default", "hf_assisted_constant")
 LLAMACPP_METHODS = ("llamacpp_plain", "autoregressive", "chain", "specinfer", "sequoia",
-                    "sequoia_fixed", "sequoia_governed", "ngram", "hybrid", "llamacpp_prompt_lookup",
+                    "sequoia_fixed", "sequoia_governed", "sequoia_grown", "ngram", "hybrid",
+                    "llamacpp_prompt_lookup",
                     "llamacpp_prompt_lookup_best")
 LOOKUP_GRID = (2, 4, 10)         # num_pred_tokens tried for llamacpp_prompt_lookup_best
 
@@ -55,7 +56,7 @@ def allowed_methods(backend: str = "hf") -> tuple[str, ...]:
     """Every method a bench may run on `backend` (redwood's run on both)."""
     if backend == "llamacpp":
         return LLAMACPP_METHODS + ("sequoia_adaptive",)
-    return METHODS + ("sequoia_fixed",)
+    return METHODS + ("sequoia_fixed", "sequoia_governed", "sequoia_grown", "ngram", "hybrid")
 
 
 class MethodFactory:
@@ -119,6 +120,7 @@ class MethodFactory:
                  "llamacpp_prompt_lookup": self._llamacpp_prompt_lookup,
                  "ngram": lambda s: user_methods.ngram_spec(self, s),
                  "hybrid": lambda s: user_methods.hybrid_spec(self, s),
+                 "sequoia_grown": lambda s: user_methods.sequoia_grown_spec(self, s),
                  "sequoia_governed": lambda s: user_methods.sequoia_governed_spec(self, s),
                  "llamacpp_prompt_lookup_best":
                      lambda s: user_methods.lookup_best_spec(self, s, prompt_set, first)}

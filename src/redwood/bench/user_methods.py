@@ -11,6 +11,9 @@ lookup at its best grid entry.
   (decode.hybrid_drafter), the model's trees the tuned bundle's vectors planned for this
   machine (measure.hybrid_plans; without a bundle, the run's acceptance vector on the default
   tree), governed: what `redwood generate --drafter hybrid` builds. Fresh per request.
+- `sequoia_grown`: per-step trees grown best-first (decode.tree_growth) inside the largest
+  tree the bundle's vector allows on this machine (measure.growth_plans), governed: what
+  `redwood generate --grow` builds. Without a bundle, the run's acceptance vector.
 - `sequoia_governed`: the draft model on the tuned bundle's acceptance vectors re-planned for
   this machine's profile (measure.machine_profile.replan, adaptive when the bundle has
   adaptive trees), governed by that profile: what `redwood generate` does by default with a
@@ -73,7 +76,7 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
                                                       acceptance=acceptance_model(inputs.bundle))
         return inner(input_ids, setting, seed, max_new_tokens)
 
-    model_tree, expected = plans(temperature)
+    model_tree, expected, _ = plans(temperature)
     budget = engine.tree
     return MethodSpec("hybrid", f"model n={len(model_tree)} + n-gram, n<={len(budget)}", run,
                       None, budget, "HybridDrafter: n-gram trie grafted onto the draft model's "
@@ -82,6 +85,30 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
                       "machine" if inputs.bundle is not None else "default tree") +
                       f"), chosen per step on {factory.machine_profile_source()}; governed",
                       "bundle vectors (model side); n-gram acceptance learned online")
+
+
+def sequoia_grown_spec(factory, setting: Setting) -> MethodSpec:
+    from redwood.decode.engine import Engine
+    from redwood.measure.growth_plans import growth_rule, growth_tree, growth_trees
+
+    profile, inputs, pair = factory.machine_profile(), factory.inputs, factory.pair
+    vector = inputs.vector_or_none(setting.temperature, setting.top_p)
+    if inputs.bundle is not None:
+        tree = growth_trees(profile, inputs.bundle)(setting.temperature)
+    elif vector is not None:
+        tree = growth_tree(vector.p, profile)
+    else:
+        raise RedwoodError("sequoia_grown needs a tuned bundle or acceptance vectors")
+
+    def build():
+        engine = Engine(pair.target, pair.draft, tree, profile=profile)
+        engine.drafter.growth = growth_rule(profile, inputs.bundle)
+        return engine
+    engine = factory.cached_engine(("grown", tuple(tree.parents)), build)
+    how = (f"grown best-first per step inside the DP tree n={len(tree)} d={tree.num_levels} of "
+           f"the bundle's vector, on {factory.machine_profile_source()}; governed")
+    return MethodSpec("sequoia_grown", f"grown, n<={len(tree)}", redwood_runner(engine, "sequoia"),
+                      None, tree, how, "bundle vectors and confidence bins (c(q) = q without)")
 
 
 def sequoia_governed_spec(factory, setting: Setting) -> MethodSpec:

@@ -314,8 +314,9 @@ def _add_bench(sub):
     p.add_argument("--methods", nargs="+", default=None,
                    help="transformers backend: subset of autoregressive hf_generate "
                    "hf_assisted_default hf_assisted_constant chain specinfer sequoia "
-                   "sequoia_adaptive (+ sequoia_fixed); llama.cpp backend: of llamacpp_plain "
-                   "autoregressive chain specinfer sequoia sequoia_fixed sequoia_governed ngram "
+                   "sequoia_adaptive (+ sequoia_fixed sequoia_governed sequoia_grown ngram "
+                   "hybrid); llama.cpp backend: of llamacpp_plain autoregressive chain specinfer "
+                   "sequoia sequoia_fixed sequoia_governed sequoia_grown ngram hybrid "
                    "llamacpp_prompt_lookup llamacpp_prompt_lookup_best (+ sequoia_adaptive) "
                    "(default: all but the bracketed)")
     p.add_argument("--lookup-grid", type=int, nargs="+", default=None, metavar="K",

@@ -24,6 +24,10 @@ def _add_model_args(p):
                    "spends its time where this machine's costs and the live acceptance say), or "
                    "auto (per temperature from the tuned bundle planned for this machine: "
                    "ngram where no draft-model tree pays, else hybrid)")
+    p.add_argument("--grow", action="store_true",
+                   help="grow each step's tree best-first by calibrated path acceptance, level by "
+                   "level, while the next level is worth its cost on this machine (the bundle's "
+                   "largest tree bounds it; output stays exact)")
     p.add_argument("--bundle-latencies", action="store_true",
                    help="with a tuned bundle: use the trees it planned from its own latency "
                    "profile (default: measure this machine once, cached, and plan its acceptance "
@@ -48,6 +52,7 @@ def _model_config(args):
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
                        fast_linear=getattr(args, "fast_linear", False),
                        kernels=getattr(args, "kernels", "auto"),
+                       grow=getattr(args, "grow", False),
                        draft_confidence=args.draft_confidence, backend=args.backend,
                        bundle_latencies=getattr(args, "bundle_latencies", False),
                        drafter=getattr(args, "drafter", "model"))

@@ -25,6 +25,7 @@ class ModelConfig:
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
     kernels: str = "auto"              # "auto": F.linear or oneDNN per row count, measured here
+    grow: bool = False                 # per-step trees grown best-first (decode/tree_growth.py)
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
@@ -93,6 +94,10 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         engine.profile = machine_profile(engine.target_backend, engine.draft_backend,
                                          progress=progress)
         engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config)(temperature)
+    if config.grow:
+        use_growth(engine, bundle, progress)
+        if bundle is not None:
+            engine.tree = bundle_drafting(bundle, engine, config)(temperature)[0]
     return engine, loaded.tokenizer
 
 
@@ -132,11 +137,33 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
     engine.draft_confidence = 0.0
 
 
+def use_growth(engine, bundle=None, progress: bool = True) -> None:
+    """Grow each step's tree best-first inside the request's tree (decode/tree_growth.py) on
+    this machine's profile, with the bundle's calibrated acceptance by draft probability."""
+    from redwood.measure.growth_plans import growth_rule
+    from redwood.measure.machine_profile import machine_profile
+
+    if not hasattr(engine.drafter, "growth"):
+        raise RedwoodError("--grow applies to the draft-model drafter (--drafter model)")
+    if engine.profile is None:
+        engine.profile = machine_profile(engine.target_backend, engine.draft_backend,
+                                         progress=progress)
+    engine.drafter.growth = growth_rule(engine.profile, bundle)
+    engine.draft_confidence = 0.0
+
+
 def bundle_drafting(bundle, engine, config: ModelConfig):
     """temperature -> (tree, draft_confidence) from a tuned bundle: its acceptance vectors
     planned against this machine's profile (engine.profile, see load_engine), or with
-    config.bundle_latencies the bundle's own trees."""
+    config.bundle_latencies the bundle's own trees. With config.grow: the largest tree a
+    step may grow into (measure/growth_plans.py), no pruning threshold."""
     import functools
+
+    if config.grow and engine.profile is not None:
+        from redwood.measure.growth_plans import growth_trees
+
+        trees = growth_trees(engine.profile, bundle)
+        return lambda temperature: (trees(temperature), 0.0)
 
     if config.bundle_latencies or engine.profile is None:
         return functools.lru_cache(maxsize=None)(functools.partial(

@@ -87,7 +87,7 @@ class DraftModelDrafter:
         """Level by level inside `tree`, the children each node keeps and the nodes expanded
         next are the growth rule's (decode/tree_growth.py); returns the draft forwards run."""
         growth, expanding, forwards = self.growth, [0], 1
-        growth.begin()
+        growth.begin(0.0 if choose.greedy else choose.temperature)
         while expanding:
             q = self._laws(logits, choose)                                  # [m, V] float32
             widest = max(len(tree.children[u]) for u in expanding)

@@ -54,13 +54,19 @@ class BestFirstGrowth:
     width -> ms of one draft forward over that many nodes."""
 
     def __init__(self, target_ms: dict[int, float], draft_level_ms, calibration=None):
+        """calibration: a Calibration, or temperature -> Calibration (then each step uses
+        the one for its request's temperature, greedy = 0), or None (c(q) = q)."""
         self.target_ms = dict(sorted(target_ms.items()))
         self.draft_level_ms = draft_level_ms
-        self.c = calibration or Calibration()
+        self.calibration = calibration or Calibration()
+        self.c = self.calibration if isinstance(self.calibration, Calibration) else None
         self.begin()
 
-    def begin(self) -> None:
-        """A new step: the root alone, its first draft forward paid."""
+    def begin(self, temperature: float = 0.0) -> None:
+        """A new step (at a request's temperature): the root alone, its first draft forward
+        paid."""
+        if not isinstance(self.calibration, Calibration):
+            self.c = self.calibration(temperature)
         self.value = {0: 1.0}                   # node -> P(path to it accepted), estimated
         self.own = {0: 1.0}                     # node -> c of its own token (predictability)
         self.expected, self.nodes = 1.0, 1

@@ -1,0 +1,61 @@
+"""Per-step tree growth (decode/tree_growth.py) from a tuned bundle and this machine's profile:
+the largest tree a step may grow into (per temperature), the growth rule on this machine's
+costs, and the calibrated acceptance by draft probability the bundle recorded (confidence bins
+of its acceptance files; older bundles have none and use c(q) = q)."""
+from __future__ import annotations
+
+import functools
+
+from redwood.decode.tree_growth import BestFirstGrowth, Calibration
+from redwood.plan.formats import Acceptance, ConfidenceBins, Profile
+from redwood.plan.planner import dp_table
+from redwood.plan.tree import Tree
+
+GROWTH_BUDGET, GROWTH_DEPTH = 32, 12
+
+
+def growth_tree(p, profile: Profile) -> Tree:
+    """The DP tree of the largest measured budget (<= 32) and depth <= 12 for acceptance
+    vector p: the most a step may grow into."""
+    budget = max(n for n in profile.target_ms if n <= GROWTH_BUDGET)
+    table = dp_table(p, budget, GROWTH_DEPTH)
+    depth = max(d for d in range(1, table.max_depth + 1) if table.feasible(budget, d))
+    tree = table.tree(budget, depth)
+    tree.source.update({"kind": "growth limit"})
+    return tree
+
+
+def growth_trees(profile: Profile, bundle):
+    """temperature -> growth_tree for the bundle's vector at the nearest temperature."""
+    @functools.lru_cache(maxsize=None)
+    def tree_at(entry_temperature: float) -> Tree:
+        entry = bundle.entry(entry_temperature)
+        tree = growth_tree(Acceptance.load(bundle.directory / entry.acceptance).p, profile)
+        tree.source.update({"bundle": str(bundle.directory),
+                            "bundle_temperature": entry.temperature})
+        return tree
+
+    return lambda temperature: tree_at(bundle.entry(temperature).temperature)
+
+
+def calibrations(bundle):
+    """temperature -> Calibration from the bundle entry's confidence bins (or c(q) = q)."""
+    @functools.lru_cache(maxsize=None)
+    def at(entry_temperature: float) -> Calibration:
+        acceptance = Acceptance.load(bundle.directory / bundle.entry(entry_temperature).acceptance)
+        bins = ConfidenceBins.of(acceptance)
+        return Calibration() if bins is None else Calibration.from_bins(bins)
+
+    return lambda temperature: at(bundle.entry(temperature).temperature)
+
+
+def growth_rule(profile: Profile, bundle=None) -> BestFirstGrowth:
+    """The growth rule on this machine's costs; its calibration follows each request's
+    temperature (BestFirstGrowth.for_temperature)."""
+    def level_ms(width: int) -> float:
+        level = profile.draft_level_ms(width)
+        widest = max(profile.draft_ms)
+        return level if level is not None else profile.draft_ms[widest] * width / widest
+
+    return BestFirstGrowth(profile.target_ms, level_ms,
+                           calibrations(bundle) if bundle is not None else None)

@@ -3,6 +3,8 @@
     python benchmarks/engine_overhead.py                    # shipped pair, 2 prompts x 64 tokens, greedy
     python benchmarks/engine_overhead.py --tree auto --temperature 0.6
     python benchmarks/engine_overhead.py --quick            # tiny random pair, seconds
+    python benchmarks/engine_overhead.py --stock-attention --stock-cache   # the stock HF path
+    python benchmarks/engine_overhead.py --forwards         # target tree forward, A/B (below)
 
 Per step (one target forward), from two independent sources:
 - the engine's own split (GenerationResult.stats): target / draft / other, where "draft"
@@ -12,6 +14,13 @@ Per step (one target forward), from two independent sources:
   "everything else" = step - target forward - draft forwards is split into named parts.
 Goal (engine issue): everything else <= 10% of a step on the shipped pair.
 Prefill is excluded. Prints a table; writes JSON under benchmarks/results/.
+
+--forwards: one target tree forward (run_tree over all n nodes, logits for all) at n in
+--nodes over a --contexts-token cache, for each backend variant: stock (torch.cat DynamicCache +
+transformers sdpa with repeat_kv), gqa (redwood_sdpa: no K/V head copy), prealloc (cache
+written by position), both. All variants share one model and identical cache contents, run
+interleaved in one process (variant order shuffled each repeat) so machine load hits all
+alike; reports median and min ms, /proc/loadavg, and each variant's max |logit diff| vs stock.
 """
 from __future__ import annotations
 
@@ -68,6 +77,12 @@ def timed_helpers(totals: dict):
             setattr(owner, name, original)
 
 
+def torch_module(model_or_backend):
+    """The torch model to hook: an HFBackend's model (wrap_backends), else what was given."""
+    model = getattr(model_or_backend, "model", None)
+    return model if isinstance(model, torch.nn.Module) else model_or_backend
+
+
 def measure(engine, prompts, method, max_new_tokens, temperature, seed) -> dict:
     """Run `method` on every prompt with hooks and helper timers; per-step milliseconds."""
     from redwood.bench.runners import ForwardTimer
@@ -77,8 +92,8 @@ def measure(engine, prompts, method, max_new_tokens, temperature, seed) -> dict:
     engine_split = {"target": 0.0, "draft": 0.0, "other": 0.0}
     forward = {"target": 0.0, "draft": 0.0}
     with ExitStack() as stack:
-        timers = {"target": stack.enter_context(ForwardTimer(engine.target)),
-                  "draft": stack.enter_context(ForwardTimer(engine.draft))}
+        timers = {name: stack.enter_context(ForwardTimer(torch_module(getattr(engine, name))))
+                  for name in ("target", "draft")}
         stack.enter_context(timed_helpers(totals))
         for i, ids in enumerate(prompts):
             first = {name: timer.calls for name, timer in timers.items()}
@@ -120,6 +135,16 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def wrap_backends(pair, args):
+    """(target, draft) as given, or HFBackends with the --stock-* toggles (transformers only)."""
+    if not isinstance(pair.target, torch.nn.Module):
+        return pair.target, pair.draft
+    from redwood.backends.hf import HFBackend
+
+    options = dict(preallocate=not args.stock_cache, gqa_attention=not args.stock_attention)
+    return HFBackend(pair.target, **options), HFBackend(pair.draft, **options)
+
+
 def load(args):
     """(engine, prompts, pair label) for the shipped pair or the tiny quick pair."""
     from redwood.decode.engine import Engine
@@ -140,7 +165,141 @@ def load(args):
                                        fast_linear=args.fast_linear), find_bundle(args.tree, "qwen2.5-coder"))
         tree = resolve_tree(args.tree, args.temperature)
     prompts = pair.encode(humaneval_prompts("evaluation", limit=args.prompts))
-    return Engine(pair.target, pair.draft, tree), prompts, pair.name
+    return Engine(*wrap_backends(pair, args), tree), prompts, pair.name
+
+
+# --forwards variants: (preallocated cache, redwood_sdpa attention)
+VARIANTS = {"stock": (False, False), "gqa": (False, True), "prealloc": (True, False), "both": (True, True)}
+
+
+def forward_model(args):
+    """(model, label): the shipped float32 target, or a mid-size random Qwen2 (12 query / 2 KV
+    heads like the 1.5B target) if asked or if the shipped target cannot be loaded."""
+    from redwood.errors import RedwoodError
+
+    if not args.random_target:
+        try:
+            from redwood.models.hf_loading import load_model
+            from redwood.models.shipped import shipped_model_dir
+
+            directory = shipped_model_dir("target", "qwen2.5-coder", None, False, "quick")
+            model = load_model(directory, dtype="float32", device="cpu", fast_linear=args.fast_linear)
+            return model, "shipped target (float32" + (", fast linear)" if args.fast_linear else ")")
+        except (RedwoodError, OSError) as err:
+            print(f"shipped target not loadable ({err}); using a random Qwen2")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(args.seed)
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=12, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config).eval().requires_grad_(False), "random Qwen2 896x24"
+
+
+def filled_backends(model, args):
+    """{(context, variant): HFBackend} whose caches hold the same random K/V prefix
+    ([1, kv_heads, context, head_dim] per layer; timing does not depend on the values)."""
+    from redwood.backends.hf import HFBackend
+
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    backends = {}
+    for context in args.contexts:
+        gen = torch.Generator().manual_seed(context)
+        prefix = [(torch.randn(1, config.num_key_value_heads, context, head_dim, generator=gen),
+                   torch.randn(1, config.num_key_value_heads, context, head_dim, generator=gen))
+                  for _ in range(config.num_hidden_layers)]
+        for name in args.variants:
+            backend = HFBackend(model, preallocate=VARIANTS[name][0], gqa_attention=False)
+            with torch.inference_mode():
+                for layer, (keys, values) in zip(backend.cache.layers, prefix):
+                    layer.update(keys.clone(), values.clone())
+            backends[context, name] = backend
+    return backends
+
+
+def time_forward(model, backend, variant, tree, tokens, context):
+    """Seconds of one run_tree over every node of `tree` (logits for all), and its logits;
+    the tentative nodes are dropped afterwards so the cache stays at `context`."""
+    from redwood.backends import hf_attention
+
+    if VARIANTS[variant][1]:
+        hf_attention.use_gqa_attention(model)
+    else:
+        hf_attention.use_stock_attention(model)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        logits = backend.run_tree(tree, range(len(tree)), tokens, context)
+        seconds = time.perf_counter() - start
+        backend.keep_path([])
+    return seconds, logits
+
+
+def forward_rows(model, args) -> list[dict]:
+    """Interleaved repeats over (context, n, variant), after one untimed forward per backend."""
+    import random
+
+    from redwood.plan.tree import Tree
+
+    backends = filled_backends(model, args)
+    trees = {n: Tree([-1] + [(i - 1) // 2 for i in range(1, n)]) for n in args.nodes}   # binary heap
+    tokens = {n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in args.nodes}
+    times = {key: [] for key in ((c, n, v) for c in args.contexts for n in args.nodes for v in args.variants)}
+    logits, order, largest = {}, random.Random(args.seed), max(args.nodes)
+    for (context, variant), backend in backends.items():       # warm-up: buffers grown, kernels hot
+        time_forward(model, backend, variant, trees[largest], tokens[largest], context)
+    for _ in range(args.repeats):
+        for context in args.contexts:
+            for n in args.nodes:
+                variants = list(args.variants)
+                order.shuffle(variants)
+                for variant in variants:
+                    seconds, out = time_forward(model, backends[context, variant], variant,
+                                                trees[n], tokens[n], context)
+                    times[context, n, variant].append(1000.0 * seconds)
+                    logits.setdefault((context, n, variant), out)
+    rows = []
+    for (context, n, variant), ms in times.items():
+        reference = logits[context, n, args.variants[0]]
+        rows.append({"context": context, "nodes": n, "variant": variant, "median_ms": sorted(ms)[len(ms) // 2],
+                     "min_ms": min(ms), "all_ms": ms, "reference": args.variants[0],
+                     "max_abs_logit_diff": float((logits[context, n, variant] - reference).abs().max())})
+    return rows
+
+
+def forward_table(rows) -> str:
+    lines = [f"{'context':>8}{'n':>4}  {'variant':<10}{'median ms':>10}{'min ms':>9}{'vs ref':>8}{'max|diff|':>11}"]
+    base = {(r["context"], r["nodes"]): r for r in rows if r["variant"] == r["reference"]}
+    for r in rows:
+        ref = base[r["context"], r["nodes"]]
+        lines.append(f"{r['context']:>8}{r['nodes']:>4}  {r['variant']:<10}{r['median_ms']:>10.1f}"
+                     f"{r['min_ms']:>9.1f}{100 * (r['median_ms'] / ref['median_ms'] - 1):>+7.1f}%"
+                     f"{r['max_abs_logit_diff']:>11.1e}")
+    return "\n".join(lines)
+
+
+def forward_main(args, argv) -> dict:
+    from redwood.bench.common import machine_name
+
+    model, label = forward_model(args)
+    load_start, started = Path("/proc/loadavg").read_text().strip(), time.perf_counter()
+    rows = forward_rows(model, args)
+    report = {"format": 1, "kind": "tree-forward-ab", "model": label, "machine": machine_name(),
+              "date": datetime.date.today().isoformat(), "threads": torch.get_num_threads(),
+              "command": " ".join(["python benchmarks/engine_overhead.py", *(argv or sys.argv[1:])]),
+              "repeats": args.repeats, "elapsed_seconds": time.perf_counter() - started,
+              "loadavg": {"start": load_start, "end": Path("/proc/loadavg").read_text().strip()},
+              "variants": {k: {"preallocate": v[0], "gqa_attention": v[1]} for k, v in VARIANTS.items()},
+              "rows": rows}
+    print(f"{label}, {report['threads']} threads, {args.repeats} interleaved repeats, "
+          f"{report['elapsed_seconds']:.0f} s\nloadavg start {load_start} / end {report['loadavg']['end']}")
+    print(forward_table(rows))
+    out = Path(args.out) if args.out else \
+        RESULTS / f"tree-forward-ab-{report['machine']}-{report['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return report
 
 
 def main(argv=None) -> dict:
@@ -154,11 +313,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--draft-quantize", choices=["int8"], default=None)
     parser.add_argument("--fast-linear", action="store_true",
                         help="oneDNN for small-row float32 matmuls (as `redwood --fast-linear`)")
+    parser.add_argument("--stock-attention", action="store_true",
+                        help="transformers' sdpa (repeat_kv copies K/V heads) instead of redwood_sdpa")
+    parser.add_argument("--stock-cache", action="store_true",
+                        help="torch.cat DynamicCache instead of the preallocated cache")
+    parser.add_argument("--forwards", action="store_true",
+                        help="A/B the target tree forward per variant instead of decoding")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        choices=list(VARIANTS))
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--random-target", action="store_true",
+                        help="--forwards on a random Qwen2 (hidden 896, 24 layers), not the shipped target")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny random pair (seconds)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                         "engine-overhead-<machine>-<date>.json)")
     args = parser.parse_args(argv)
+    if args.forwards:
+        return forward_main(args, argv)
     from redwood.bench.common import machine_name
 
     engine, prompts, pair_name = load(args)

@@ -18,8 +18,9 @@ PARENTS = [-1, 0, 0, 1, 1, 2, 3]
 CHAIN = [0, 1, 3, 6]
 PREFIX = [5, 17, 42, 8, 23, 11, 60, 3, 29]
 # llamacpp: see test_llamacpp_backend.py (worst measured 6.3e-3; 4.1e-3 in these tests).
-# hf: float32 transformers, 6e-8 at most in these tests.
-TOLERANCE = {"llamacpp": 0.03, "hf": 1e-4}
+# hf: float32 transformers, 6e-8 at most in these tests. hf_stock: the same backend on the stock
+# transformers path (torch.cat DynamicCache, sdpa with repeat_kv), which hf's defaults replace.
+TOLERANCE = {"llamacpp": 0.03, "hf": 1e-4, "hf_stock": 1e-4}
 
 
 def _llamacpp(request):
@@ -42,7 +43,16 @@ def _hf(request):
     return HFBackend(tiny_model(seed=0))
 
 
-FACTORIES = {"llamacpp": _llamacpp, "hf": _hf}
+def _hf_stock(request):
+    from redwood.backends.hf import HFBackend
+    from redwood.models.tiny_random import tiny_model
+
+    backend = HFBackend(tiny_model(seed=0), preallocate=False, gqa_attention=False)
+    assert backend.model.config._attn_implementation == "sdpa"
+    return backend
+
+
+FACTORIES = {"llamacpp": _llamacpp, "hf": _hf, "hf_stock": _hf_stock}
 
 
 @pytest.fixture(params=sorted(FACTORIES))

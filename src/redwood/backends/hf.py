@@ -1,8 +1,10 @@
-"""The transformers backend: one Hugging Face causal LM and its DynamicCache behind `Backend`.
+"""The transformers backend: one Hugging Face causal LM and its KV cache behind `Backend`.
 
 Tentative tree nodes are appended to the cache in the order they are run; a 4D additive mask
 lets each see the committed prefix and its own ancestors (docs/design.md §5). keep_path moves
-the kept entries down in place (hf_cache.keep_tail).
+the kept entries down in place (hf_cache.keep_tail). By default the cache is preallocated and
+written by position (hf_cache.PreallocLayer) and masked attention uses grouped-query attention
+without copying K/V heads (hf_attention); both are exact (docs/design.md §5.2).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from redwood.backends import hf_cache
+from redwood.backends import hf_attention, hf_cache
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -18,8 +20,14 @@ from redwood.plan.tree import Tree
 class HFBackend:
     kind = "hf"
 
-    def __init__(self, model):
+    def __init__(self, model, preallocate: bool = True, gqa_attention: bool = True):
+        """preallocate: PreallocLayer cache instead of torch.cat DynamicCache. gqa_attention:
+        switch a model on stock `sdpa` to `redwood_sdpa` (no repeat_kv; changes `model`'s
+        config, outputs are bit-identical). Both False = the stock transformers path."""
         self.model = model.eval()
+        if gqa_attention:
+            hf_attention.use_gqa_attention(model)
+        self.preallocate = preallocate
         self.device = model.device
         self.vocab_size = logits_width(model)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or None
@@ -27,13 +35,13 @@ class HFBackend:
         self.name = (getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
                      or type(model).__name__)
         self.dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.cache = hf_cache.new_cache(model)
+        self.cache = hf_cache.new_cache(model, preallocate)
         self._slots: dict[int, int] = {}     # tentative tree node -> offset after the prefix
         self._layouts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- Backend ---------------------------------------------------------------------------
     def reset(self) -> None:
-        self.cache = hf_cache.new_cache(self.model)
+        hf_cache.reset(self.cache)                               # preallocated buffers are reused
         self._slots = {}
 
     def cache_length(self) -> int:

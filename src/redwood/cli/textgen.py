@@ -64,8 +64,10 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
             tree, confidence = bundle.drafting(temperature, config.draft_confidence)
             if backend == "hf":
                 draft_quantize = draft_quantize or bundle.draft_quantize
-                # the bundle's fixed rule only where this machine's choice is not measured
-                fast_linear = fast_linear or (bundle.fast_linear and config.kernels == "stock")
+                # the bundle's fixed rule where its own latencies are used (they were measured
+                # so) or this machine's choice is not wanted; else --kernels auto measures here
+                fast_linear = fast_linear or (bundle.fast_linear and (
+                    config.bundle_latencies or config.kernels == "stock"))
         else:
             tree = resolve_tree(config.tree, temperature, pair, backend)
     check_draft_confidence(confidence or 0.0)          # before minutes of model loading

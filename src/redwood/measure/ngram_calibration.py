@@ -69,8 +69,11 @@ class NgramCalibration:
             mine = counts.setdefault(key, [0.0, 0.0])
             mine[0] += accepted
             mine[1] += trials
-        return NgramCalibration(counts, sorted(set(self.temperatures + other.temperatures)),
-                                {**self.extra, **other.extra})
+        extra = {**self.extra, **other.extra}
+        for key in ("tokens", "seconds"):                 # totals over both runs
+            if key in self.extra and key in other.extra:
+                extra[key] = self.extra[key] + other.extra[key]
+        return NgramCalibration(counts, sorted(set(self.temperatures + other.temperatures)), extra)
 
 
 def replay(prompt: list[int], emitted: list[int], greedy: bool,

@@ -135,6 +135,9 @@ def test_free_and_hybrid_drafters_keep_greedy_output(model_dirs, shipped_tokeniz
     assert set(record["accepted_by_source"]) <= ({"ngram", "model"} if drafter == "hybrid"
                                                  else {"ngram"})
     assert any((tmp_path / "cache").rglob("*.json")), "no machine profile was cached"
+    live = record["governor"]                      # the governor's live figures, every step
+    assert live["speculative_steps"] + live["plain_steps"] <= len(record["accepted"])
+    assert live["live_tokens_per_ms"] >= 0 and live["plain_tokens_per_ms"] > 0
 
 
 def test_kernels_are_chosen_per_machine_unless_stock(model_dirs, capsys, tmp_path, monkeypatch):

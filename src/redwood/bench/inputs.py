@@ -68,9 +68,9 @@ def quick_pair() -> Pair:
 def load_models(model_config, bundle=None) -> Pair:
     """The pair a textgen.ModelConfig names (the shipped pair by default), on the runtime its
     `backend` names (models.runtime.choose_backend resolves "auto"). On transformers a tuned
-    bundle's draft quantisation and fast-linear setting apply unless the config sets them: its
-    trees were planned from a profile measured with those models. On llama.cpp the GGUF files
-    run as they are (no int8 draft, no fast linear)."""
+    bundle's draft quantisation applies unless the config sets one, and the kernels are this
+    machine's first-use choice (--kernels auto; the bundle's fixed fast-linear rule only with
+    --kernels stock). On llama.cpp the GGUF files run as they are."""
     from dataclasses import replace
 
     from redwood.models.pair import load_pair
@@ -85,7 +85,9 @@ def load_models(model_config, bundle=None) -> Pair:
     if bundle is not None:
         model_config = replace(
             model_config, draft_quantize=model_config.draft_quantize or bundle.draft_quantize,
-            fast_linear=getattr(model_config, "fast_linear", False) or bundle.fast_linear)
+            # the bundle's fixed 4-64-row rule only where this machine's choice is not made
+            fast_linear=getattr(model_config, "fast_linear", False) or (
+                bundle.fast_linear and getattr(model_config, "kernels", "auto") == "stock"))
     fast_linear = getattr(model_config, "fast_linear", False)
     target, draft, tokenizer = load_pair(
         model_config.model, target=model_config.target, draft=model_config.draft,

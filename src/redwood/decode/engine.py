@@ -184,6 +184,8 @@ class Engine:
             tokens += new_tokens
             accepted.append(len(new_tokens))
             stats.target_forwards += 1
+            if governor is not None:                 # live figures, for --json and the server
+                stats.governor = governor.as_dict()
             step_forwards = stats.target_seconds + stats.draft_seconds - forward_seconds
             stats.other_seconds += self._clock() - step_start - step_forwards
             root = tokens[-1]

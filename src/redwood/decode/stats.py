@@ -19,6 +19,9 @@ class StepStats:
     # drafted tokens the target accepted, by who proposed them ("model", "ngram"); filled
     # only by drafters that tag their nodes (Proposal.sources)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # the governor's live figures (decode/governor.py: speculative and plain steps, live tokens
+    # per predicted ms against plain decoding's), updated every step; empty when ungoverned
+    governor: dict = field(default_factory=dict)
 
     @property
     def decode_seconds(self) -> float:
@@ -71,4 +74,5 @@ class GenerationResult:
             "plain_steps": self.stats.plain_steps,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
             "accepted_by_source": dict(self.stats.accepted_by_source),
+            "governor": dict(self.stats.governor),
         }

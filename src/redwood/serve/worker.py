@@ -179,7 +179,11 @@ class GenerationWorker:
         if result is not None:
             speculative.update(prefill_seconds=round(result.prefill_seconds, 6),
                                decode_seconds=round(result.decode_seconds, 6),
-                               draft_tokens_per_step=round(result.stats.draft_tokens_per_step, 4))
+                               draft_tokens_per_step=round(result.stats.draft_tokens_per_step, 4),
+                               plain_steps=result.stats.plain_steps,
+                               accepted_by_source=dict(result.stats.accepted_by_source),
+                               governor={k: round(v, 6) if isinstance(v, float) else v
+                                         for k, v in result.stats.governor.items()})
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(req.prompt_ids), completion_tokens=text.n_tokens,
                        speculative=speculative)

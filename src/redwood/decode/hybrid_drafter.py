@@ -28,9 +28,9 @@ from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.governor import draft_ms, step_ms, target_ms
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_drafter import NgramDrafter, _bfs, tree_limits
+from redwood.decode.ngram_drafter import NgramDrafter, tree_limits
 from redwood.errors import RedwoodError
-from redwood.plan.tree import Tree
+from redwood.plan.tree import Tree, bfs_renumber
 
 
 class HybridDrafter:
@@ -141,6 +141,7 @@ class HybridDrafter:
         kids = [dict() for _ in parents]                   # node -> {token: child node}
         for v in range(1, len(parents)):
             kids[parents[v]].setdefault(tokens[v], v)
+        leaves = sum(1 for k in kids if not k)
         at = {0: 0}                                        # trie node -> tree node
         depths = [int(d) for d in drafted.layout.tree.depths]
         cost = self._cost(drafted.layout.tree, drafted.draft_forwards)
@@ -155,9 +156,11 @@ class HybridDrafter:
             if merged is not None:
                 at[node] = merged
                 continue
+            widens = bool(kids[parent])                   # a new sibling is a new leaf
             if len(parents) >= limits[0] or depths[parent] + 1 > limits[2] or \
-                    _leaves(parents, kids) + (1 if kids[parent] else 0) > limits[1]:
+                    leaves + widens > limits[1]:
                 break
+            leaves += widens
             parents.append(parent)
             tokens.append(item.token)
             sources.append("ngram")
@@ -168,6 +171,7 @@ class HybridDrafter:
             rate = expected / cost(len(parents))
             if rate > best[0]:
                 best = (rate, len(parents))
+        self._step_ms = cost(best[1])
         return self._merged(drafted, parents[:best[1]], tokens[:best[1]], sources[:best[1]],
                             layout)
 
@@ -178,9 +182,7 @@ class HybridDrafter:
 
     def _merged(self, drafted: Proposal, parents, tokens, sources, layout) -> Proposal:
         """Renumber breadth-first (model children before grafts) and build the Proposal."""
-        order = _bfs_order(parents)
-        index = {u: i for i, u in enumerate(order)}
-        new_parents = [-1] + [index[parents[u]] for u in order[1:]]
+        new_parents, order = bfs_renumber(parents)
         tree = Tree(new_parents, {"kind": "hybrid", "from": len(layout.tree)})
         device = drafted.tokens.device
         model_nodes = len(drafted.layout.tree)
@@ -192,28 +194,11 @@ class HybridDrafter:
         new_sources = [sources[u] for u in order]
         self._step = (new_sources, [u if u < model_nodes else None for u in order])
         self._model_tokens = drafted.tokens
-        self._step_ms = target_ms(self.profile, len(tree)) + \
-            draft_ms(self.profile, drafted.layout.tree, drafted.draft_forwards)
         return Proposal(torch.tensor([tokens[u] for u in order], dtype=torch.long, device=device),
                         probs, self.layouts(tree),
                         torch.tensor([s == "ngram" for s in new_sources], dtype=torch.bool,
                                      device=device),
                         0.0, drafted.draft_forwards, sources=new_sources)
-
-
-def _leaves(parents: list[int], kids: list[dict]) -> int:
-    return sum(1 for k in kids if not k)
-
-
-def _bfs_order(parents: list[int]) -> list[int]:
-    """Nodes in breadth-first order, each node's children in index order."""
-    children = [[] for _ in parents]
-    for v in range(1, len(parents)):
-        children[parents[v]].append(v)
-    order = [0]
-    for u in order:                              # `order` grows while we walk it
-        order.extend(children[u])
-    return order
 
 
 def hybrid_budget_tree(model_trees: list[Tree], ngram_tree: Tree) -> Tree:
@@ -249,7 +234,7 @@ def limits_tree(nodes: int, leaves: int, depth: int) -> Tree:
             parents.append(tip[0])
             tip[0], tip[1] = len(parents) - 1, tip[1] + 1
         growing = [tip for tip in growing if tip[1] < depth]
-    return Tree(_bfs(parents), {"kind": "hybrid budget", "nodes": nodes, "leaves": leaves,
+    return Tree(bfs_renumber(parents)[0], {"kind": "hybrid budget", "nodes": nodes, "leaves": leaves,
                                 "depth": depth})
 
 

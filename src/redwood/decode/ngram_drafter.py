@@ -42,7 +42,7 @@ from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
 from redwood.decode.ngram_index import NgramIndex, TrieNode, build_trie
 from redwood.errors import RedwoodError
-from redwood.plan.tree import Tree
+from redwood.plan.tree import Tree, bfs_renumber
 
 MATCH_BUCKETS = 4            # match lengths 1, 2, 3, 4+
 DEPTH_BUCKETS = 6            # depths 1..5, 6+
@@ -303,18 +303,5 @@ def ngram_budget_tree(depth: int = 16, branches: int = 8, branch_depth: int = 2)
             parents.append(u)
             nxt.append(len(parents) - 1)
         level1 = nxt
-    return Tree(_bfs(parents), {"kind": "ngram budget", "depth": depth, "branches": branches})
-
-
-def _bfs(parents: list[int]) -> list[int]:
-    """The same tree renumbered breadth-first (Tree requires parents before children, by level)."""
-    children = [[] for _ in parents]
-    for v, p in enumerate(parents[1:], start=1):
-        children[p].append(v)
-    order, queue = [], [0]
-    while queue:
-        u = queue.pop(0)
-        order.append(u)
-        queue.extend(children[u])
-    index = {u: i for i, u in enumerate(order)}
-    return [-1] + [index[parents[u]] for u in order[1:]]
+    return Tree(bfs_renumber(parents)[0],
+                {"kind": "ngram budget", "depth": depth, "branches": branches})

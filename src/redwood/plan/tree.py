@@ -244,6 +244,20 @@ class Tree:
         return render_ascii(self, p=p, max_nodes=max_nodes)
 
 
+def bfs_renumber(parents: list[int]) -> tuple[list[int], list[int]]:
+    """A tree given by `parents` (root 0, parents[0] = -1, any node order in which each parent
+    comes before its children) renumbered breadth-first, each node's children in their old
+    index order: (new parents for Tree, old node index of each new node)."""
+    children = [[] for _ in parents]
+    for v in range(1, len(parents)):
+        children[parents[v]].append(v)
+    order = [0]
+    for u in order:                              # `order` grows while we walk it
+        order.extend(children[u])
+    index = {u: i for i, u in enumerate(order)}
+    return [-1] + [index[parents[u]] for u in order[1:]], order
+
+
 def read_json(path, what: str):
     """Read a JSON file, turning missing files and syntax errors into one-line RedwoodErrors."""
     path = Path(path)

@@ -95,7 +95,7 @@ def load_models(model_config, bundle=None) -> Pair:
         draft_quantize=model_config.draft_quantize, fast_linear=fast_linear)
     kernels = None
     if not fast_linear and getattr(model_config, "kernels", "auto") == "auto":
-        from redwood.measure.machine_profile import choose_kernels
+        from redwood.measure.machine_profile import choose_kernels, row_ranges
 
         # every method (redwood's, transformers' generate and assisted generation) runs on
         # these same model objects, so all of them get the kernels chosen here
@@ -105,7 +105,7 @@ def load_models(model_config, bundle=None) -> Pair:
             else (model_config.model or "qwen2.5-coder"))
     extras = [f"draft {model_config.draft_quantize}"] if model_config.draft_quantize else []
     extras += ["fast linear"] if fast_linear else []
-    extras += [f"kernels: oneDNN for {m} rows {_rows(r)}, F.linear otherwise"
+    extras += [f"kernels: oneDNN for {m} rows {row_ranges(r) or 'none'}, F.linear otherwise"
                for m, r in (kernels or {}).items()]
     if extras:
         name += f" ({', '.join(extras)})"
@@ -328,15 +328,3 @@ def predicted_rate(tree: Tree, expected: float, profile: Profile | None) -> floa
     draft = step_draft_ms(tree, profile)
     return None if draft is None else 1000.0 * expected / (profile.target_ms[len(tree)] + draft)
 
-
-def _rows(rows) -> str:
-    """'1-32' / '4-8, 12' / 'none' for a set of row counts."""
-    rows = sorted(rows)
-    if not rows:
-        return "none"
-    spans, start = [], rows[0]
-    for prev, cur in zip(rows, rows[1:] + [None]):
-        if cur != prev + 1:
-            spans.append(f"{start}-{prev}" if prev > start else f"{start}")
-            start = cur
-    return ", ".join(spans)

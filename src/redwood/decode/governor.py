@@ -68,18 +68,28 @@ def step_ms(profile, tree, draft_levels: int) -> float:
 
 
 def target_ms(profile, n: int) -> float:
-    """The target's forward over n tokens: the nearest measured size at or above n, scaled
-    linearly beyond the largest."""
-    sizes = sorted(profile.target_ms)
+    """The target's forward over n tokens (see measured_ms)."""
+    return measured_ms(profile.target_ms, n)
+
+
+def measured_ms(times: dict[int, float], n: int) -> float:
+    """times {size: ms} at size n: the nearest measured size at or above n, scaled linearly
+    beyond the largest (never interpolated between measured sizes)."""
+    sizes = sorted(times)
     above = [s for s in sizes if s >= n]
-    return profile.target_ms[above[0]] if above else profile.target_ms[sizes[-1]] * n / sizes[-1]
+    return times[above[0]] if above else times[sizes[-1]] * n / sizes[-1]
+
+
+def draft_level_ms(profile, width: int) -> float:
+    """One draft forward over `width` nodes: the profile's level cost, scaled linearly beyond
+    the widest measured width."""
+    level = profile.draft_level_ms(width)
+    if level is not None:
+        return level
+    widest = max(profile.draft_ms)
+    return profile.draft_ms[widest] * width / widest
 
 
 def draft_ms(profile, tree, draft_levels: int) -> float:
     """The draft's forwards over the first `draft_levels` levels of `tree`."""
-    widest = max(profile.draft_ms)
-    draft = 0.0
-    for width in tree.level_sizes[:draft_levels]:
-        level = profile.draft_level_ms(width)
-        draft += level if level is not None else profile.draft_ms[widest] * width / widest
-    return draft
+    return sum(draft_level_ms(profile, width) for width in tree.level_sizes[:draft_levels])

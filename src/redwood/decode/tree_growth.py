@@ -27,6 +27,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from redwood.decode.governor import measured_ms
+
 
 @dataclass
 class Calibration:
@@ -56,7 +58,7 @@ class BestFirstGrowth:
     def __init__(self, target_ms: dict[int, float], draft_level_ms, calibration=None):
         """calibration: a Calibration, or temperature -> Calibration (then each step uses
         the one for its request's temperature, greedy = 0), or None (c(q) = q)."""
-        self.target_ms = dict(sorted(target_ms.items()))
+        self.target_ms = dict(target_ms)
         self.draft_level_ms = draft_level_ms
         self.calibration = calibration or Calibration()
         self.c = self.calibration if isinstance(self.calibration, Calibration) else None
@@ -73,10 +75,7 @@ class BestFirstGrowth:
         self.draft_ms = self.draft_level_ms(1)
 
     def cost(self, nodes: int, extra_draft_ms: float = 0.0) -> float:
-        above = [n for n in self.target_ms if n >= nodes]
-        largest = max(self.target_ms)
-        target = self.target_ms[above[0]] if above else self.target_ms[largest] * nodes / largest
-        return target + self.draft_ms + extra_draft_ms
+        return measured_ms(self.target_ms, nodes) + self.draft_ms + extra_draft_ms
 
     def rate(self) -> float:
         return self.expected / self.cost(self.nodes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from redwood.decode.governor import draft_level_ms
 from redwood.decode.tree_growth import BestFirstGrowth, Calibration
 from redwood.plan.formats import Acceptance, ConfidenceBins, Profile
 from redwood.plan.planner import dp_table
@@ -52,10 +53,5 @@ def calibrations(bundle):
 def growth_rule(profile: Profile, bundle=None) -> BestFirstGrowth:
     """The growth rule on this machine's costs; its calibration follows each request's
     temperature (BestFirstGrowth.for_temperature)."""
-    def level_ms(width: int) -> float:
-        level = profile.draft_level_ms(width)
-        widest = max(profile.draft_ms)
-        return level if level is not None else profile.draft_ms[widest] * width / widest
-
-    return BestFirstGrowth(profile.target_ms, level_ms,
+    return BestFirstGrowth(profile.target_ms, functools.partial(draft_level_ms, profile),
                            calibrations(bundle) if bundle is not None else None)

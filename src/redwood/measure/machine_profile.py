@@ -163,7 +163,7 @@ def choose_linear_rows(model, rows=KERNEL_ROWS, cache_dir=None, progress: bool =
         path.write_text(json.dumps({**key, "onednn_rows": sorted(chosen),
                                     "ms": {str(n): t for n, t in sorted(timings.items())}}, indent=1))
     if progress:
-        print(f"redwood: oneDNN for {_ranges(chosen) or 'no'} rows, F.linear elsewhere",
+        print(f"redwood: oneDNN for {row_ranges(chosen) or 'no'} rows, F.linear elsewhere",
               file=sys.stderr, flush=True)
     return chosen
 
@@ -218,7 +218,7 @@ def _load_kernel_choice(path: Path, key: dict) -> frozenset[int] | None:
     return None
 
 
-def _ranges(rows) -> str:
+def row_ranges(rows) -> str:
     """{1, 2, 3, 7} -> '1-3, 7'."""
     out, rows = [], sorted(rows)
     for n in rows:

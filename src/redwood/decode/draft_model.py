@@ -89,14 +89,14 @@ class DraftModelDrafter:
         growth, expanding, forwards = self.growth, [0], 1
         growth.begin(0.0 if choose.greedy else choose.temperature)
         while expanding:
-            q = self._laws(logits, choose)                                  # [m, V] float32
+            q = choose.law(logits)                                          # [m, V] float32
             widest = max(len(tree.children[u]) for u in expanding)
             top = q.topk(min(widest, q.shape[-1]), dim=-1).values.tolist()
             counts = growth.child_counts(expanding, top, [len(tree.children[u]) for u in expanding])
             if not any(counts):
                 break
             self._assign_children(tree, expanding, logits, tokens, choose, len(tree), holder,
-                                  False, k=max(counts))
+                                  False, k=max(counts), law=q)
             kept = []
             for row, u in enumerate(expanding):
                 kids = tree.children[u][:counts[row]]
@@ -115,22 +115,14 @@ class DraftModelDrafter:
         return forwards
 
     @staticmethod
-    def _laws(logits, choose):
-        """The draft's law at each row (the sampling law; the raw softmax when greedy)."""
-        from redwood.decode.sampling import process_logits
-
-        if choose.greedy:
-            return torch.softmax(logits.float(), dim=-1)
-        return process_logits(logits, choose.temperature, choose.top_k, choose.top_p)
-
-    @staticmethod
     def _assign_children(tree, nodes, logits, tokens, choose, n, holder, want_confidence,
-                         k=None):
+                         k=None, law=None):
         """Pick children for `nodes` (which all have children) from their logits [m, V]:
         k per node (default: the most any of them has in `tree`; a node keeps its first
-        ones). Returns the draft probability of each child (list of lists) when asked."""
+        ones); law: the rows' law if already computed (ChildChooser.law). Returns the draft
+        probability of each child (list of lists) when asked."""
         k = k or max(len(tree.children[u]) for u in nodes)
-        children, probs = choose(logits, k)
+        children, probs = choose(logits, k, law)
         if probs is not None:
             if "probs" not in holder:
                 holder["probs"] = torch.empty(n, probs.shape[-1], dtype=torch.float32, device=probs.device)

@@ -61,14 +61,24 @@ class ChildChooser:
         return cls(params.greedy, params.temperature, params.top_k, params.top_p,
                    replacement=method in ("specinfer", "chain"), generator=generator)
 
-    def __call__(self, logits: torch.Tensor, k: int):
-        """logits [m, V] -> (children [m, k] long, draft probs [m, V] float32 or None)."""
-        from redwood.decode.sampling import greedy_children, process_logits, propose_children
+    def __call__(self, logits: torch.Tensor, k: int, law: torch.Tensor | None = None):
+        """logits [m, V] -> (children [m, k] long, draft probs [m, V] float32 or None).
+        law: the rows' sampling law if already computed (`law(logits)`), else computed here."""
+        from redwood.decode.sampling import greedy_children, propose_children
 
         if self.greedy:
             return greedy_children(logits, k), None
-        probs = process_logits(logits, self.temperature, self.top_k, self.top_p)
+        probs = law if law is not None else self.law(logits)
         return propose_children(probs, k, self.replacement, self.generator), probs
+
+    def law(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's law per row [m, V] float32: the processed sampling distribution, or
+        the raw softmax (temperature 1) when greedy (the probability `confidence` reports)."""
+        if self.greedy:
+            return torch.softmax(logits.float(), dim=-1)
+        from redwood.decode.sampling import process_logits
+
+        return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
     @staticmethod
     def confidence(logits: torch.Tensor, probs: torch.Tensor | None,

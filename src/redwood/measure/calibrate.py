@@ -43,8 +43,8 @@ class _ConfidenceChooser(ChildChooser):
 
     last: tuple[float, ...] = ()
 
-    def __call__(self, logits: torch.Tensor, k: int):
-        children, probs = super().__call__(logits, k)
+    def __call__(self, logits: torch.Tensor, k: int, law: torch.Tensor | None = None):
+        children, probs = super().__call__(logits, k, law)
         self.last = tuple(self.confidence(logits, probs, children)[0].tolist())   # root row
         return children, probs
 

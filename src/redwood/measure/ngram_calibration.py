@@ -122,16 +122,13 @@ def calibrate_ngram(target, prompts: list[torch.Tensor], temperature: float,
     from redwood.decode.engine import Engine
 
     engine = Engine(target, None, drafter=NgramDrafter())
-    model = AcceptanceModel()
+    model = AcceptanceModel()                 # every prompt's replay counts into this one
     start, tokens = time.perf_counter(), 0
     for i, ids in enumerate(prompts):
         result = engine.generate(ids, max_new_tokens, temperature=temperature, seed=seed + i,
                                  method="autoregressive", stop_on_eos=True)
-        observed = replay(ids.tolist(), result.tokens, temperature == 0)
-        for key, (accepted, trials) in observed.counts.items():
-            mine = model.counts.setdefault(key, [0.0, 0.0])
-            mine[0] += accepted
-            mine[1] += trials
+        replay(ids.tolist(), result.tokens, temperature == 0,
+               NgramDrafter(target_ms=None, model=model))
         tokens += len(result.tokens)
         if progress:
             print(f"\rredwood: n-gram calibration T = {temperature:g}: prompt {i + 1}/"

@@ -67,31 +67,45 @@ def profile_dir(cache_dir=None) -> Path:
     return cache_root(cache_dir) / "profiles"
 
 
+def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: str = ""):
+    """The value cached for `key` in `directory` (a file named by the key's digest), else
+    make(path), which measures and writes it; one process measures at a time (a file lock).
+    load(path, key) returns None when the file is absent, damaged or made under another key.
+    `announce` is printed to stderr before measuring."""
+    from filelock import FileLock
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{prefix}{key_digest(key)}.json"
+    with FileLock(str(path) + ".lock"):
+        value = load(path, key)
+        if value is not None:
+            return value
+        if announce:
+            print(announce, file=sys.stderr, flush=True)
+        return make(path)
+
+
+def save_profile(profile: Profile, key: dict, path: Path) -> Profile:
+    """Stamp `profile` with the key it was measured under (load_matching checks it) and save."""
+    profile.extra["machine_key"] = key
+    profile.save(path)
+    return profile
+
+
 def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: bool = True,
                     measure=None) -> Profile:
     """The cached profile for (this machine, these models), measuring it first if needed.
     target, draft: Backends (or transformers models). `measure(target, draft, sizes)` replaces
     the measurement (tests)."""
-    from filelock import FileLock
-
     from redwood.decode.engine import as_backend
 
     target, draft = as_backend(target), as_backend(draft)
     key = profile_key(target, draft)
     directory = profile_dir(cache_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{key_digest(key)}.json"
-    with FileLock(str(path) + ".lock"):
-        cached = _load_matching(path, key)
-        if cached is not None:
-            return cached
-        if progress:
-            print(f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
-                  f"{key['backend']} backend; cached in {directory})", file=sys.stderr, flush=True)
-        profile = (measure or _measure)(target, draft, list(sizes), progress)
-        profile.extra["machine_key"] = key
-        profile.save(path)
-        return profile
+    announce = (f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
+                f"{key['backend']} backend; cached in {directory})") if progress else ""
+    return cached(directory, key, load_matching, lambda path: save_profile(
+        (measure or _measure)(target, draft, list(sizes), progress), key, path), announce)
 
 
 def _measure(target, draft, sizes, progress) -> Profile:
@@ -104,7 +118,7 @@ def _measure(target, draft, sizes, progress) -> Profile:
                            statistic="min")
 
 
-def _load_matching(path: Path, key: dict) -> Profile | None:
+def load_matching(path: Path, key: dict) -> Profile | None:
     """The profile at `path` if it was measured under exactly `key` (else None: remeasure)."""
     if not path.is_file():
         return None
@@ -139,29 +153,25 @@ def choose_linear_rows(model, rows=KERNEL_ROWS, cache_dir=None, progress: bool =
     cpu_kernels.apply_kernel_choice(model, rows); counts not in `rows` (prefill) stay on
     F.linear. `measure(model, rows, progress)` -> {n: {"f_linear": ms, "onednn": ms}}
     replaces the timing (tests). Empty without oneDNN or float32 Linear layers."""
-    from filelock import FileLock
-
     from redwood.models.cpu_kernels import fast_linear_available, linear_shapes
 
     if not fast_linear_available() or not linear_shapes(model):
         return frozenset()
     key = kernel_key(model, rows)
     directory = profile_dir(cache_dir) / "kernels"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{key_digest(key)}.json"
-    with FileLock(str(path) + ".lock"):
-        cached = _load_kernel_choice(path, key)
-        if cached is not None:
-            return cached
-        if progress:
-            print(f"redwood: timing F.linear vs oneDNN for {len(key['rows'])} row counts on "
-                  f"{sum(s[3] for s in key['shapes'])} Linear layers (first use on {key['cpu']}; "
-                  f"cached in {directory})", file=sys.stderr, flush=True)
+
+    def make(path: Path) -> frozenset[int]:
         timings = (measure or _time_kernels)(model, key["rows"], progress)
         chosen = frozenset(n for n, t in timings.items()
                            if t["onednn"] < (1 - KERNEL_MARGIN) * t["f_linear"])
         path.write_text(json.dumps({**key, "onednn_rows": sorted(chosen),
                                     "ms": {str(n): t for n, t in sorted(timings.items())}}, indent=1))
+        return chosen
+
+    announce = (f"redwood: timing F.linear vs oneDNN for {len(key['rows'])} row counts on "
+                f"{sum(s[3] for s in key['shapes'])} Linear layers (first use on {key['cpu']}; "
+                f"cached in {directory})") if progress else ""
+    chosen = cached(directory, key, _load_kernel_choice, make, announce)
     if progress:
         print(f"redwood: oneDNN for {row_ranges(chosen) or 'no'} rows, F.linear elsewhere",
               file=sys.stderr, flush=True)

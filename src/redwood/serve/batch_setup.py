@@ -5,7 +5,6 @@ acceptance vector (the tuned bundle's, by temperature) and the batch planner.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from redwood.errors import RedwoodError
@@ -45,32 +44,23 @@ def batch_profile(target, draft, sizes: list[int], progress: bool = True,
                   cache_dir=None) -> Profile:
     """t_target(N) and t_draft(w) on these contexts' backends, cached per machine and sizes
     (measure/machine_profile's key plus the sizes)."""
-    from filelock import FileLock
+    from redwood.measure.machine_profile import (cached, load_matching, profile_dir, profile_key,
+                                                 save_profile)
 
-    from redwood.measure.machine_profile import key_digest, profile_dir, profile_key
-
-    key = dict(profile_key(target.backend, draft.backend), batch_sizes=sizes,
-               method=PROFILE_METHOD)
+    # through JSON once: the key is compared with the one read back from the file
+    key = json.loads(json.dumps(dict(profile_key(target.backend, draft.backend),
+                                     batch_sizes=sizes, method=PROFILE_METHOD)))
     directory = profile_dir(cache_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"batch-{key_digest(key)}.json"
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            try:
-                cached = Profile.load(path)
-                if cached.extra.get("machine_key") == json.loads(json.dumps(key)):
-                    return cached
-            except Exception:                      # damaged: measure again
-                pass
-        if progress:
-            print(f"redwood: measuring batched forward times for {len(sizes)} sizes (first use; "
-                  f"cached in {directory})", file=sys.stderr, flush=True)
+
+    def make(path):
         profile = measure_batch_profile(target.backend, draft.backend, sizes, progress)
         target.backend.reset()
         draft.backend.reset()
-        profile.extra["machine_key"] = key
-        profile.save(path)
-        return profile
+        return save_profile(profile, key, path)
+
+    announce = (f"redwood: measuring batched forward times for {len(sizes)} sizes (first use; "
+                f"cached in {directory})") if progress else ""
+    return cached(directory, key, load_matching, make, announce, prefix="batch-")
 
 
 def measure_batch_profile(target, draft, sizes: list[int], progress: bool = False) -> Profile:

@@ -19,8 +19,20 @@ Methods (each server is a `redwood serve` subprocess on 127.0.0.1, started once 
   server serialises requests behind a lock), so it is measured as that: one Llama over the
   target GGUF, same threads, requests served one at a time in this process (no HTTP: this
   flatters it slightly).
+Prompts: every request of a method's run gets its own prompt, never one sent before in that
+run: request k of client i at a level gets prompt 1 + offset + i * requests + k, where offset
+counts the requests of the earlier levels, and the untimed warm-up gets prompt 0. Reusing prompts
+would flatter llama-cpp-python: its `Llama` keeps its KV cache and reuses the longest prefix a
+new prompt shares with the previous one, so a repeated prompt costs no prefill (an earlier run
+re-sent the same first prompts at every level and its TTFT p50 was 44 ms while every redwood
+server paid a full prefill). Prompts that merely start alike (HumanEval's "from typing import
+List" headers) still share those tokens there, as any prefix cache would. The default run needs
+1 + 31 x 3 = 94 prompts of HumanEval's 124 evaluation problems; a run that needs more wraps
+around and says so in its printed header and in the JSON meta (`prompts`). Every method gets the
+same prompt at the same place.
 Do not run anything else on the machine while it runs. Writes JSON + markdown under
-benchmarks/results/.
+benchmarks/results/; the JSON meta records the CPU model and the torch, llama-cpp-python and
+redwood versions.
 """
 from __future__ import annotations
 
@@ -83,12 +95,19 @@ def model_args(args) -> tuple[list[str], str, str | None]:
     return ["--model", "qwen2.5-coder"], str(target), "qwen2.5-coder"
 
 
+def prompts_needed(args) -> int:
+    """The warm-up's prompt plus one per request of every level (module doc)."""
+    return 1 + sum(args.concurrency) * args.requests
+
+
 def prompts(args) -> list[str]:
+    """Up to prompts_needed(args) distinct prompts (fewer only if the set is smaller)."""
+    needed = prompts_needed(args)
     if args.quick:
-        return [f"def f{i}(x):\n    return x * {i} +" for i in range(16)]
+        return [f"def f{i}(x):\n    return x * {i} +" for i in range(needed)]
     from redwood.prompts import humaneval_prompts
 
-    return humaneval_prompts("evaluation", limit=32)
+    return humaneval_prompts("evaluation", limit=needed)
 
 
 # -- servers ------------------------------------------------------------------------------------
@@ -194,15 +213,17 @@ class SerialLlama:
 
 # -- one concurrency level -------------------------------------------------------------------
 
-def run_level(send, texts: list[str], clients: int, args) -> dict:
-    """`clients` threads, `args.requests` requests each; bounded by the request timeout."""
+def run_level(send, texts: list[str], clients: int, args, offset: int) -> dict:
+    """`clients` threads, `args.requests` requests each; bounded by the request timeout.
+    Request k of client i sends texts[1 + offset + i * requests + k] (texts[0] is the warm-up's;
+    it wraps around only when the run needs more prompts than there are, module doc)."""
     records, errors = [], []
     lock = threading.Lock()
 
     def client(index: int) -> None:
         for k in range(args.requests):
             try:
-                record = send(texts[(index * args.requests + k) % len(texts)])
+                record = send(texts[(1 + offset + index * args.requests + k) % len(texts)])
             except Exception as exc:               # a failure is reported, never hidden
                 with lock:
                     errors.append(f"{type(exc).__name__}: {exc}")
@@ -242,28 +263,62 @@ def summarise(records: list[dict], errors: list[str], wall: float, clients: int)
 
 def run_method(method: str, flags: list[str], target: str, texts: list[str], args,
                stem: str) -> list[dict]:
-    rows = []
     if method == "llama-cpp-python":
         serial = SerialLlama(target)
-        send = lambda text: serial.request(text, args)              # noqa: E731
-        send(texts[0])                                               # warm up (untimed)
-        for clients in args.concurrency:
-            rows.append(dict(method=method, **run_level(send, texts, clients, args)))
-            print(format_row(rows[-1]), flush=True)
-        return rows
+        return run_levels(method, lambda text: serial.request(text, args), texts, args)
     extra = list(SERVER_FLAGS[method])
     if method == "one-at-a-time" and "--model" in flags:
         extra += ["--tree", "auto"]            # the shipped pair's tuned bundle
     server = Server(flags + extra, args, RESULTS / f"{stem}-{method}.log")
     try:
-        send = lambda text: http_request(server.url, text, args)    # noqa: E731
-        send(texts[0])                                               # warm up (untimed)
-        for clients in args.concurrency:
-            rows.append(dict(method=method, **run_level(send, texts, clients, args)))
-            print(format_row(rows[-1]), flush=True)
+        return run_levels(method, lambda text: http_request(server.url, text, args), texts, args)
     finally:
         server.stop()
+
+
+def run_levels(method: str, send, texts: list[str], args) -> list[dict]:
+    """The untimed warm-up on texts[0], then every concurrency level on prompts of its own."""
+    send(texts[0])
+    rows, offset = [], 0
+    for clients in args.concurrency:
+        rows.append(dict(method=method, **run_level(send, texts, clients, args, offset)))
+        offset += clients * args.requests
+        print(format_row(rows[-1]), flush=True)
     return rows
+
+
+def prompts_note(available: int, needed: int) -> dict:
+    """What the JSON meta and the header say about the prompts (module doc)."""
+    wrapped = needed > available
+    note = (f"{needed} prompts needed, only {available} distinct: prompts WRAP AROUND (repeats "
+            f"can hit llama-cpp-python's prefix cache)" if wrapped else
+            f"{needed} distinct prompts (warm-up + one per request)")
+    return {"needed": needed, "distinct": min(available, needed), "wrapped": wrapped,
+            "note": note}
+
+
+def cpu_model() -> str | None:
+    """/proc/cpuinfo's first "model name" (None where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def versions() -> dict:
+    """Installed versions (from package metadata: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "llama-cpp-python", "redwood"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 def format_row(row: dict) -> str:
@@ -291,20 +346,25 @@ def main(argv=None) -> int:
     stem = args.out or f"load-test-{'tiny' if args.quick else 'cpu'}-{datetime.date.today()}"
     flags, target, _ = model_args(args)
     texts = prompts(args)
+    prompt_note = prompts_note(len(texts), prompts_needed(args))
     print(f"load test: {args.methods}, clients {args.concurrency}, {args.requests} requests "
-          f"each, {args.max_tokens} tokens, load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"each, {args.max_tokens} tokens, load average {os.getloadavg()[0]:.2f}; "
+          f"{prompt_note['note']}", flush=True)
     print("latencies in ms\n" + HEADER, flush=True)
     rows = []
     for method in args.methods:
         rows += run_method(method, flags, target, texts, args, stem)
     meta = {"argv": sys.argv[1:], "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "cpu_count": os.cpu_count(), "load_average_after": os.getloadavg()[0],
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+            "load_average_after": os.getloadavg()[0], "versions": versions(),
+            "prompts": prompt_note,
             "llama_cpp_python": "no request batching in its high-level API: measured serially"}
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (RESULTS / f"{stem}.md").write_text(
         f"Load test ({', '.join(args.methods)}), {args.requests} requests per client, "
         f"{args.max_tokens} tokens each; latencies in ms (TTFT: time to first token; tok: per "
-        f"token after the first).\n\n" + HEADER + "\n" + "\n".join(map(format_row, rows)) + "\n")
+        f"token after the first); {prompt_note['note']}.\n\n"
+        + HEADER + "\n" + "\n".join(map(format_row, rows)) + "\n")
     print(f"wrote {RESULTS / stem}.json and .md")
     return 0
 

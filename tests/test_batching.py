@@ -31,6 +31,7 @@ from redwood.decode.sampling import process_logits  # noqa: E402
 from redwood.errors import RedwoodError  # noqa: E402
 from redwood.plan.batch_planner import BatchPlanner, FixedPlanner  # noqa: E402
 from redwood.plan.formats import Profile  # noqa: E402
+from redwood.plan.step_costs import StepCosts  # noqa: E402
 from redwood.plan.tree import Tree, star  # noqa: E402
 from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
 from test_verify import assert_law  # noqa: E402
@@ -51,6 +52,11 @@ def synthetic_profile(per_token: float = 0.2, base: float = 2.0, draft: float = 
     sizes = list(range(1, 129))
     return Profile({n: base + per_token * n for n in sizes},
                    {n: draft * (base + per_token * n) for n in sizes})
+
+
+def trusting(profile: Profile, *args) -> BatchPlanner:
+    """No live step-time correction: what the profile chooses must not depend on this CPU."""
+    return BatchPlanner(profile, *args, costs=StepCosts(decay=1.0))
 
 
 def context(path, lanes=LANES, n_ctx=N_CTX) -> MultiSeqContext:
@@ -162,8 +168,8 @@ def test_refused_before_any_native_call(contexts, monkeypatch):
 def test_batched_greedy_equals_engine_alone(contexts, engine, planner):
     """8 requests through 4 lanes (later ones join as earlier ones leave): each output equals the
     single-request engine's, token for token, and every cell is free afterwards."""
-    plan = FixedPlanner(TREE, N_BATCH) if planner == "fixed" else BatchPlanner(
-        synthetic_profile(), max_budget=12, max_depth=6, max_leaves=LEAVES, max_total=N_BATCH)
+    plan = FixedPlanner(TREE, N_BATCH) if planner == "fixed" else trusting(
+        synthetic_profile(), 12, 6, LEAVES, N_BATCH)
     sched = scheduler(contexts, plan)
     lengths = [40, 25, 40, 33, 40, 12, 40, 29]
     requests = [sched.submit(BatchRequest(p, SamplingParams(n), stop_on_eos=False))
@@ -190,7 +196,7 @@ def test_batch_planner_shrinks_trees_under_load(contexts):
     forward's cost grows with every token, and the output does not change."""
     outputs = {}
     for name, per_token in (("flat", 0.02), ("steep", 5.0)):
-        plan = BatchPlanner(synthetic_profile(per_token), 12, 6, LEAVES, N_BATCH)
+        plan = trusting(synthetic_profile(per_token), 12, 6, LEAVES, N_BATCH)
         sched = scheduler(contexts, plan)
         requests = [sched.submit(BatchRequest(p, SamplingParams(20), stop_on_eos=False))
                     for p in CLEAR_PROMPTS[:4]]
@@ -206,7 +212,7 @@ def test_draft_idle_unless_a_tree_pays(contexts, engine):
     """Under a profile where speculation never pays, the draft never runs (no decode, no
     cells); with a tree for everyone, a long prompt's draft first catches up in chunks
     while its root runs alone, then it speculates."""
-    steep = BatchPlanner(synthetic_profile(5.0), 12, 6, LEAVES, N_BATCH)
+    steep = trusting(synthetic_profile(5.0), 12, 6, LEAVES, N_BATCH)
     sched = scheduler(contexts, steep)
     request = sched.submit(BatchRequest(CLEAR_PROMPTS[4], SamplingParams(30), stop_on_eos=False))
     while not request.done:
@@ -279,7 +285,7 @@ def test_first_two_tokens_follow_the_target_while_sharing(contexts, engine, meth
     """Two-token requests (seeds 0..N-1, T = 1) run two at a time beside two longer requests
     (one sampled, one greedy, replaced as they finish); their first two tokens follow the
     target's own law. live: trees planned from every request's live acceptance."""
-    sched = scheduler(contexts, BatchPlanner(synthetic_profile(0.02), 12, 6, LEAVES, N_BATCH)
+    sched = scheduler(contexts, trusting(synthetic_profile(0.02), 12, 6, LEAVES, N_BATCH)
                       if live else None)
     background, counts, gained, pending, seed = [], Counter(), 0, [], 0
     for step in range(20 * CHI_DRAWS):

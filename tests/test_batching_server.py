@@ -24,7 +24,7 @@ from redwood.plan.formats import Profile  # noqa: E402
 from redwood.serve.app import ServerConfig, create_app  # noqa: E402
 from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, P, assert_all_free, context, engine,  # noqa: E402,F401
-                           paths, synthetic_profile)
+                           paths, synthetic_profile, trusting)
 from test_server import DEADLINE_S, metric, running, scrape  # noqa: E402
 from tiny_gguf import tiny_gguf_pair  # noqa: E402,F401
 
@@ -41,7 +41,7 @@ def tokenizer(paths):
 
 def make_scheduler(paths, lanes=LANES, max_batch=None) -> BatchScheduler:
     contexts = [MultiSeqContext.load(p, lanes, 8, lanes * 512, 256, n_threads=1) for p in paths]
-    planner = BatchPlanner(synthetic_profile(0.05), 12, 6, 8, 256)
+    planner = trusting(synthetic_profile(0.05), 12, 6, 8, 256)
     return BatchScheduler(*contexts, planner, acceptance=lambda params: P, max_batch=max_batch)
 
 
@@ -120,6 +120,8 @@ def test_fifty_concurrent_streams(paths, engine, tokenizer):
     assert metric(samples, "redwood_batch_target_forward_tokens_sum") > forwards
     assert metric(samples, "redwood_batch_tree_nodes_count") > forwards    # several per step
     assert metric(samples, "redwood_batch_live_requests") == 0
+    for kind in ("speculative", "plain"):                    # a trusting planner: stays 1
+        assert metric(samples, "redwood_batch_step_time_ratio", kind=kind) == 1.0
     assert_all_free(scheduler.target, scheduler.draft)
 
 
@@ -224,15 +226,16 @@ def run_live(planner, steps: int, accepted) -> list[int]:
 
 def test_failing_drafts_converge_to_plain_with_probes():
     """Where trees pay at the prior P, a request whose drafts all fail is planned the root alone
-    within 6 steps, probes (the prior's tree) once every 9 steps, and drops back at once; one
-    whose first-ranked drafts are always kept keeps its trees and learns p_1 up."""
+    within 6 steps, probes (the prior's tree) after 8 plain steps, drops back at once, and
+    probes after 16, 32, then every 64 plain steps; one whose first-ranked drafts are always
+    kept keeps its trees and learns p_1 up."""
     planner = BatchPlanner(synthetic_profile(0.5, 10.0), 16, 8, 4, 40)
-    sizes = run_live(planner, 40, lambda tree: [0])
+    sizes = run_live(planner, 260, lambda tree: [0])
     first_plain = sizes.index(1)
     assert sizes[0] > 1 and first_plain <= 6
     rest = sizes[first_plain:]
     probes = [i for i, n in enumerate(rest) if n > 1]
-    assert probes and all(b - a == 9 for a, b in zip(probes, probes[1:]))
+    assert probes[0] == 8 and [b - a for a, b in zip(probes, probes[1:])] == [17, 33, 65, 65, 65]
 
     def first_ranks(tree):
         path = [0]
@@ -313,7 +316,7 @@ def test_a_request_whose_drafts_fail_runs_plain(paths, tiny_gguf_pair, engine):
     request decodes plainly, with rare probes, and its output is the engine's alone."""
     made = [context(paths[0]), context(tiny_gguf_pair[1])]
     try:
-        planner = BatchPlanner(synthetic_profile(0.5, 10.0), 12, 6, 8, 128)
+        planner = trusting(synthetic_profile(0.5, 10.0), 12, 6, 8, 128)
         sched = BatchScheduler(*made, planner, acceptance=lambda params: P)
         request = sched.submit(BatchRequest(CLEAR_PROMPTS[0], SamplingParams(40),
                                             stop_on_eos=False))
@@ -324,6 +327,64 @@ def test_a_request_whose_drafts_fail_runs_plain(paths, tiny_gguf_pair, engine):
         assert sum(n > 1 for n in rest) <= 1 + len(rest) // 8      # probes only
         assert request.tokens == engine.generate(torch.tensor(CLEAR_PROMPTS[0]), 40,
                                                  stop_on_eos=False).tokens
+        assert_all_free(*made)
+    finally:
+        for ctx in made:
+            ctx.close()
+
+
+def test_scheduler_turns_plain_when_speculative_steps_cost_more(paths, engine, monkeypatch):
+    """A profile that wildly underestimates speculation: every draft decode here costs 20x its
+    profile time (injected: a fake clock advances by each decode's cost; a target decode costs
+    the profile's t(N)). The first steps speculate; after a few timed speculative steps every
+    request runs plain and stays plain (probes included); steps carrying prompt chunks are
+    never timed; greedy outputs equal each request run alone."""
+    from redwood.backends.llamacpp_multi import Append
+
+    profile = synthetic_profile(0.5, 10.0)
+    made = [context(path) for path in paths]
+    now = [0.0]
+
+    def costing(ctx, ms):
+        decode = ctx.decode
+
+        def timed(jobs):
+            out = decode(jobs)
+            now[0] += ms(sum(len(j.ids) if isinstance(j, Append) else len(j.nodes)
+                             for j in jobs)) / 1000.0
+            return out
+        monkeypatch.setattr(ctx, "decode", timed)
+
+    try:
+        costing(made[0], lambda n: profile.target_ms[n])
+        costing(made[1], lambda n: 20 * profile.draft_level_ms(n))
+        planner = BatchPlanner(profile, 12, 6, 8, 128)
+        sched = BatchScheduler(*made, planner, acceptance=lambda params: P, prefill_chunk=4,
+                               clock=lambda: now[0])
+        prompts = [CLEAR_PROMPTS[0], CLEAR_PROMPTS[1], CLEAR_PROMPTS[4]]
+        lengths = [120, 120, 40]
+        requests = [sched.submit(BatchRequest(p, SamplingParams(n), stop_on_eos=False))
+                    for p, n in zip(prompts[:2], lengths)]
+        steps = []
+        while sched.step():
+            steps.append(sched.last)
+            if len(steps) == 12:              # joins late: its prompt chunks share live steps
+                requests.append(sched.submit(BatchRequest(prompts[2], SamplingParams(lengths[2]),
+                                                          stop_on_eos=False)))
+        for info in steps:
+            assert info.timed == (info.decoding > 0 and info.prompt_tokens == 0
+                                  and info.catch_up == 0)
+        assert any(info.decoding and info.prompt_tokens for info in steps[12:])
+        speculative = [i for i, info in enumerate(steps) if max(info.tree_sizes, default=1) > 1]
+        assert speculative and speculative[0] <= 2 and len(speculative) <= 8
+        assert len(steps) - speculative[-1] > 60     # then plain for good, probes answered plain
+        assert sum(planner.costs.steps.values()) == sum(info.timed for info in steps)
+        assert planner.costs.ratios["speculative"] > 1.3
+        assert planner.costs.ratios["plain"] == pytest.approx(1.0)
+        for request, prompt, n in zip(requests, prompts, lengths):
+            assert request.tokens[:40] == engine.generate(torch.tensor(prompt), 40,
+                                                          stop_on_eos=False).tokens
+            assert len(request.tokens) == n
         assert_all_free(*made)
     finally:
         for ctx in made:

@@ -22,9 +22,18 @@ A request whose draft lags its text by `lag` tokens must run them in the first d
 before it can speculate, so they count in that level's width. If no allocation beats every
 request at budget 1 (plain batched decoding), the plan is plain and the draft does not run.
 
+The profile is measured once; the steps it predicts then cost more (Python work it does not
+model, a profile measured under load). `StepCosts` (plan/step_costs.py) learns observed /
+predicted step time from the scheduler's timed steps, separately for speculative and plain
+plans, and every candidate is rated with its predicted ms x the ratio of its kind, so a profile
+that underestimates speculative steps stops choosing them within a few steps. Plans are cached
+per composition and quantised ratios, so they follow the correction without replanning every
+step; `observe(plan, seconds)` is how the scheduler reports a step.
+
 `LiveAcceptance` keeps each request's acceptance vector live: the verifier's outcomes, decayed,
 replace the data set's average (docs/design.md §3.2 for the single-request governor), so a
-request whose drafts fail drops to plain decoding within a few steps and probes now and then.
+request whose drafts fail drops to plain decoding within a few steps and probes now and then,
+less often after each probe that did not pay.
 Pure numpy, like the rest of redwood.plan.
 """
 from __future__ import annotations
@@ -36,6 +45,7 @@ import numpy as np
 from redwood.errors import RedwoodError
 from redwood.plan.formats import Profile
 from redwood.plan.planner import dp_table
+from redwood.plan.step_costs import StepCosts
 from redwood.plan.tree import Tree
 
 ROOT_ONLY = Tree([-1], {"kind": "root only", "planner": "batch"})
@@ -52,16 +62,27 @@ class LiveAcceptance:
     from the prior vector worth `prior_weight` trials. Only past outcomes enter, never the
     current step's draws, so the verifiers stay exact (the tree may depend on the past).
 
-    After `probe_every` steps in a row without a tree, the plan is asked with the prior vector
-    once (a probe): whether it speculates is still the planner's cost-based choice."""
+    After `interval` steps in a row without a tree, the plan is asked with the prior vector (a
+    probe) until it gives a tree: whether it speculates is still the planner's cost-based
+    choice. A probe costs steps at a loss when its tree does not pay, so the interval backs off:
+    it starts at `probe_every`; when a probe's tree is followed by a plain step before
+    `reset_after` speculative steps in a row (the live vector sent the request straight back),
+    it doubles, up to `max_probe_every` (8, 16, 32, 64); once the request speculates in
+    `reset_after` steps in a row, it is `probe_every` again. A probe that the planner answers
+    with the root alone costs nothing and changes nothing (the next step probes again)."""
 
     def __init__(self, prior, prior_weight: float = 2.0, decay: float = 0.8,
-                 probe_every: int = 8, resolution: float = 0.02):
+                 probe_every: int = 8, resolution: float = 0.02, max_probe_every: int = 64,
+                 reset_after: int = 3):
         self.prior = tuple(float(x) for x in prior)
         self.decay, self.probe_every, self.resolution = decay, probe_every, resolution
+        self.max_probe_every, self.reset_after = max_probe_every, reset_after
         self.hits = prior_weight * np.asarray(self.prior, dtype=np.float64)    # [W]
         self.trials = np.full(len(self.prior), float(prior_weight))             # [W]
-        self.plain_run = 0
+        self.plain_run = 0            # steps in a row without a tree
+        self.speculative_run = 0      # steps in a row with a tree
+        self.interval = probe_every   # plain steps before the next probe (backs off)
+        self.probed = False           # speculating since a probe, not yet `reset_after` steps
         self.speculative_steps = 0
 
     @property
@@ -75,15 +96,27 @@ class LiveAcceptance:
         steps = np.floor(p / self.resolution + 1e-9)
         return tuple(round(float(x) * self.resolution, 6) for x in steps)
 
+    @property
+    def probing(self) -> bool:
+        """Whether this step is a probe (planned with the prior vector)."""
+        return self.plain_run >= self.interval and any(x > 0 for x in self.prior)
+
     def for_plan(self) -> tuple:
         """The vector to plan this step with: the live one, or the prior on a probe step."""
-        if self.plain_run >= self.probe_every and any(x > 0 for x in self.prior):
-            return self.prior
-        return self.p
+        return self.prior if self.probing else self.p
 
     def planned(self, speculative: bool) -> None:
-        """The plan gave the request a tree (or the root alone) this step."""
-        self.plain_run = 0 if speculative else self.plain_run + 1
+        """The plan (asked with for_plan()) gave the request a tree or the root alone."""
+        if speculative:
+            self.probed = self.probed or self.probing
+            self.plain_run, self.speculative_run = 0, self.speculative_run + 1
+            if self.speculative_run >= self.reset_after:     # speculation pays again
+                self.interval, self.probed = self.probe_every, False
+            return
+        if self.probed:                  # back to plain right after a probe: it did not pay
+            self.interval = min(2 * self.interval, self.max_probe_every)
+            self.probed = False
+        self.plain_run, self.speculative_run = self.plain_run + 1, 0
 
     def record(self, tree: Tree, path) -> None:
         """A verified step: `path` the accepted nodes of `tree`, starting with the root."""
@@ -102,12 +135,20 @@ class LiveAcceptance:
 
 @dataclass
 class BatchPlan:
-    """Trees for the live requests (same order as asked) and what the planner predicted."""
+    """Trees for the live requests (same order as asked) and what the planner predicted.
+    step_ms is the profile's prediction, what the scheduler's timed step is compared with;
+    tokens_per_second is rated with it corrected: expected / (step_ms x ratio)."""
     trees: list[Tree]
     total_tokens: int                  # N: tokens of the step's target forward
     expected_tokens: float             # sum of G_r over the requests
     step_ms: float | None              # predicted target + draft time (None: not measured)
     tokens_per_second: float | None
+    ratio: float = 1.0                 # the step-time correction of its kind (StepCosts)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether any request got a tree (the draft runs)."""
+        return any(len(tree) > 1 for tree in self.trees)
 
 
 class _Options:
@@ -142,10 +183,12 @@ class BatchPlanner:
 
     profile: target_ms by total tokens N of a batched forward, draft_ms by level width;
     max_budget / max_depth: per-request tree limits; max_leaves: a lane's sequence ids;
-    max_total: tokens one decode may carry (n_batch)."""
+    max_total: tokens one decode may carry (n_batch); costs: the live step-time correction
+    (a fresh StepCosts by default)."""
 
     def __init__(self, profile: Profile, max_budget: int = 16, max_depth: int = 8,
-                 max_leaves: int = 16, max_total: int = 512, speculate: bool = True):
+                 max_leaves: int = 16, max_total: int = 512, speculate: bool = True,
+                 costs: StepCosts | None = None):
         for value, what in ((max_budget, "max_budget"), (max_depth, "max_depth"),
                             (max_leaves, "max_leaves"), (max_total, "max_total")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -153,6 +196,7 @@ class BatchPlanner:
         self.profile = profile
         self.max_budget = max_budget if speculate else 1
         self.max_depth, self.max_leaves, self.max_total = max_depth, max_leaves, max_total
+        self.costs = costs if costs is not None else StepCosts()
         self._options: dict[tuple, _Options] = {}
         self._plans: dict[tuple, BatchPlan] = {}
 
@@ -170,16 +214,22 @@ class BatchPlanner:
             return BatchPlan([], 0, 0.0, None, None)
         order = sorted(range(len(keys)), key=lambda i: keys[i])
         composition = tuple(keys[i] for i in order)
-        plan = self._plans.get(composition)
+        ratios = self.costs.quantised()            # (speculative, plain): part of the key
+        plan = self._plans.get((composition, ratios))
         if plan is None:
             if len(self._plans) >= 1024:
                 self._plans.clear()
-            plan = self._plans[composition] = self._allocate(composition)
+            plan = self._plans[composition, ratios] = self._allocate(composition, ratios)
         trees = [None] * len(keys)
         for slot, i in enumerate(order):
             trees[i] = plan.trees[slot]
         return BatchPlan(trees, plan.total_tokens, plan.expected_tokens, plan.step_ms,
-                         plan.tokens_per_second)
+                         plan.tokens_per_second, plan.ratio)
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        """A step run as `plan` took `seconds` (the scheduler reports only steps whose time
+        is what the plan predicted: no prompt or catch-up chunks)."""
+        self.costs.record(plan.speculative, plan.step_ms, seconds)
 
     def _options_for(self, key: tuple) -> _Options:
         if key not in self._options:
@@ -189,11 +239,12 @@ class BatchPlanner:
             self._options[key] = _Options(key, budget, self.max_depth, self.max_leaves)
         return self._options[key]
 
-    def _allocate(self, keys: tuple) -> BatchPlan:
+    def _allocate(self, keys: tuple, ratios: tuple) -> BatchPlan:
         options = [self._options_for(p) for p, _ in keys]
         lags = [lag for _, lag in keys]
         budgets = [1] * len(keys)
-        best = self._evaluate(options, budgets, lags)       # plain batched decoding: the yardstick
+        # plain batched decoding, rated with the plain steps' correction: the yardstick
+        best = self._evaluate(options, budgets, lags, ratios)
         best_budgets = list(budgets)
         total = len(keys)
         while True:
@@ -212,7 +263,7 @@ class BatchPlanner:
             budgets[r] = nxt
             if total > max(self.profile.target_ms):
                 break
-            candidate = self._evaluate(options, budgets, lags)
+            candidate = self._evaluate(options, budgets, lags, ratios)
             rate = candidate.tokens_per_second
             if rate is not None and (best.tokens_per_second is None
                                      or rate > best.tokens_per_second):
@@ -221,18 +272,21 @@ class BatchPlanner:
                 break          # marginal gains only shrink: far below the best, it never returns
         if best.tokens_per_second is None:           # nothing measured: plain batched decoding
             best_budgets = [1] * len(keys)
-        return self._evaluate(options, best_budgets, lags)
+        return self._evaluate(options, best_budgets, lags, ratios)
 
-    def _evaluate(self, options: list[_Options], budgets: list[int], lags: list[int]) -> BatchPlan:
+    def _evaluate(self, options: list[_Options], budgets: list[int], lags: list[int],
+                  ratios: tuple) -> BatchPlan:
+        """The allocation's plan, its rate from the predicted ms x its kind's ratio."""
         trees = [opt.trees[n] for opt, n in zip(options, budgets)]
         total = sum(budgets)
         expected = sum(opt.values[n] for opt, n in zip(options, budgets))
+        ratio = ratios[0] if total > len(budgets) else ratios[1]    # any tree: speculative
         target = self.profile.target_ms.get(total)
         draft = self._draft_ms(options, budgets, lags)
         if target is None or draft is None:
-            return BatchPlan(trees, total, expected, None, None)
+            return BatchPlan(trees, total, expected, None, None, ratio)
         step = target + draft
-        return BatchPlan(trees, total, expected, step, 1000.0 * expected / step)
+        return BatchPlan(trees, total, expected, step, 1000.0 * expected / (step * ratio), ratio)
 
     def _draft_ms(self, options: list[_Options], budgets: list[int],
                   lags: list[int]) -> float | None:
@@ -260,10 +314,14 @@ class FixedPlanner:
 
     def __init__(self, tree: Tree, max_total: int = 512):
         self.tree, self.max_total = tree, max_total
+        self.costs = None             # no step-time correction: nothing is planned
 
     @property
     def max_nodes(self) -> int:
         return len(self.tree)
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        """Nothing to learn: the tree is fixed."""
 
     def plan(self, ps: list, lags: list | None = None) -> BatchPlan:
         if len(self.tree) * len(ps) > self.max_total:

@@ -5,6 +5,8 @@
     python benchmarks/engine_overhead.py --quick            # tiny random pair, seconds
     python benchmarks/engine_overhead.py --stock-attention --stock-cache   # the stock HF path
     python benchmarks/engine_overhead.py --forwards         # target tree forward, A/B (below)
+    python benchmarks/engine_overhead.py --prefill          # fused first verification, A/B
+    python benchmarks/engine_overhead.py --prefill --quick  # the same on a tiny model, seconds
 
 Per step (one target forward), from two independent sources:
 - the engine's own split (GenerationResult.stats): target / draft / other, where "draft"
@@ -13,7 +15,8 @@ Per step (one target forward), from two independent sources:
   the engine's helper functions (sampling, verification, masks, cache compaction), so
   "everything else" = step - target forward - draft forwards is split into named parts.
 Goal (engine issue): everything else <= 10% of a step on the shipped pair.
-Prefill is excluded. Prints a table; writes JSON under benchmarks/results/.
+Prefill is excluded (requests run with fuse_prefill=False, so the target's prefill stays a
+forward of its own). Prints a table; writes JSON under benchmarks/results/.
 
 --forwards: one target tree forward (run_tree over all n nodes, logits for all) at n in
 --nodes over a --contexts-token cache, for each backend variant: stock (torch.cat DynamicCache +
@@ -21,6 +24,11 @@ transformers sdpa with repeat_kv), gqa (redwood_sdpa: no K/V head copy), preallo
 written by position), both. All variants share one model and identical cache contents, run
 interleaved in one process (variant order shuffled each repeat) so machine load hits all
 alike; reports median and min ms, /proc/loadavg, and each variant's max |logit diff| vs stock.
+
+--prefill: a request's target work up to its first verified tree, append(prompt[:-1]) then
+run_tree vs one prefill_tree forward (docs/design.md §5.4), at --lengths prompt tokens and
+--nodes tree sizes, interleaved per repeat (benchmarks/prefill_ab.py); the shipped target (or
+--random-target, or --quick's tiny target).
 """
 from __future__ import annotations
 
@@ -97,8 +105,9 @@ def measure(engine, prompts, method, max_new_tokens, temperature, seed) -> dict:
         stack.enter_context(timed_helpers(totals))
         for i, ids in enumerate(prompts):
             first = {name: timer.calls for name, timer in timers.items()}
+            # a separate prefill forward: the first target call below is the prefill
             result = engine.generate(ids, max_new_tokens, temperature=temperature, seed=seed + i,
-                                     method=method, stop_on_eos=False)
+                                     method=method, stop_on_eos=False, fuse_prefill=False)
             for name, timer in timers.items():
                 calls = timer.durations[first[name]:]
                 # the first call of each model in a generation is its prefill (prompt[:-1])
@@ -302,6 +311,17 @@ def forward_main(args, argv) -> dict:
     return report
 
 
+def _sibling(name: str):
+    """A module of this directory (benchmarks/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=2)
@@ -321,7 +341,12 @@ def main(argv=None) -> dict:
                         help="A/B the target tree forward per variant instead of decoding")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
                         choices=list(VARIANTS))
-    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--prefill", action="store_true",
+                        help="A/B the first verification: separate prefill vs prefill_tree")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 150, 400],
+                        help="--prefill prompt lengths (tokens)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=None,
+                        help="tree sizes (default: 1 4 16 for --forwards, 4 16 for --prefill)")
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--random-target", action="store_true",
@@ -331,6 +356,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                         "engine-overhead-<machine>-<date>.json)")
     args = parser.parse_args(argv)
+    if args.prefill:
+        return _sibling("prefill_ab").main(args, argv, forward_model, RESULTS)
+    args.nodes = args.nodes or [1, 4, 16]
     if args.forwards:
         return forward_main(args, argv)
     from redwood.bench.common import machine_name

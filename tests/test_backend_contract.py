@@ -146,6 +146,25 @@ def test_drafting_level_by_level(backend):
     assert_close(after, causal(backend, PREFIX + tokens[[0, 2, 5]].tolist() + nxt), backend)
 
 
+def test_prefill_tree_then_chain(backend):
+    """prefill_tree commits the ids and runs the whole tree tentatively, as append + run_tree."""
+    tree = Tree(PARENTS)
+    tokens = torch.tensor(tokens_for(backend, len(tree), seed=9))
+    backend.append(PREFIX[:3], rows=0)
+    logits = backend.prefill_tree(PREFIX[3:], tree, tokens)
+    assert logits.shape == (len(tree), backend.vocab_size)
+    assert backend.cache_length() == len(PREFIX)
+    backend.keep_path(CHAIN)
+    assert backend.cache_length() == len(PREFIX) + len(CHAIN)
+    nxt = tokens_for(backend, 1, seed=10)
+    after = backend.append(nxt, rows=1)
+
+    text = PREFIX + tokens[CHAIN].tolist()
+    reference = causal(backend, text + nxt, rows=len(CHAIN) + 1)
+    assert_close(logits[CHAIN], reference[:-1], backend)
+    assert_close(after, reference[-1:], backend)
+
+
 @pytest.mark.parametrize("style", ["verify", "draft"])
 def test_keep_nothing_drops_tentative(backend, style):
     tree = Tree(PARENTS)

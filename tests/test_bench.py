@@ -306,6 +306,21 @@ def test_engine_overhead_script_quick(tmp_path):
     assert "keep_tail" in sequoia["helpers_ms"] and plain["tree_nodes"] == 1
 
 
+def test_engine_overhead_prefill_ab_quick(tmp_path):
+    out = tmp_path / "prefill.json"
+    report = _script("engine_overhead").main(["--prefill", "--quick", "--lengths", "8", "40",
+                                              "--nodes", "1", "4", "--repeats", "2",
+                                              "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    assert [(r["prompt_tokens"], r["nodes"]) for r in report["rows"]] == [(8, 1), (8, 4), (40, 1), (40, 4)]
+    for row in report["rows"]:
+        for route in ("separate", "fused"):
+            assert len(row[route]["all_ms"]) == 2 and row[route]["min_ms"] > 0
+        assert row["saving_median_ms"] == pytest.approx(row["separate"]["median_ms"]
+                                                        - row["fused"]["median_ms"])
+        assert row["max_abs_logit_diff"] < 1e-4             # the same logits either way
+
+
 def test_compare_hf_script_quick(tmp_path, capsys):
     summary = _script("compare_hf").main(["--quick", "--prompts", "1", "--max-new-tokens", "10",
                                           "--out-dir", str(tmp_path), "--no-plots"])

@@ -7,6 +7,7 @@ A backend holds one sequence: a *committed* prefix of `cache_length()` tokens at
     backend.reset()                                  # empty cache
     logits = backend.append(ids, rows=1)             # commit ids (causal); logits of the last row
     logits = backend.run_tree(tree, nodes, tokens, root_position)   # tentative tree nodes
+    logits = backend.prefill_tree(ids, tree, tokens) # commit ids, then the whole tree tentative
     backend.keep_path(nodes_on_path)                 # commit those, drop every other tentative node
 
 Tree nodes are indices into a `Tree` (BFS order, node 0 = the root). Node u sits at position
@@ -15,7 +16,9 @@ the tentative nodes and itself. The root is either run as a tree node (the targe
 `nodes` starts with 0 and root_position == cache_length()) or already committed at
 root_position == cache_length() - 1 (the draft: it commits the root with `append` before
 drafting level by level). Successive `run_tree` calls in one step add nodes below those run
-earlier; descendants see the ancestors run before them.
+earlier; descendants see the ancestors run before them. `prefill_tree` is `append(ids, rows=0)`
+followed by a verify-style `run_tree` of the whole tree, in one forward where the runtime
+allows (the engine's first step: the prompt and the first tree, docs/design.md §5.4).
 
 Logits are float32 torch tensors [rows, V] on `device`; V = `vocab_size` (the width of the
 logits, which may exceed the tokenizer's vocabulary).
@@ -55,6 +58,15 @@ class Backend(Protocol):
         earlier this step) with token ids `tokens` [len(nodes)] as tentative nodes.
         rows: which of `nodes` (indices into `nodes`) need logits; None = all.
         Returns logits [len(rows), V]."""
+
+    def prefill_tree(self, ids: Sequence[int] | torch.Tensor, tree: Tree,
+                     tokens: torch.Tensor) -> torch.Tensor:
+        """Commit `ids` causally after the committed prefix (like append(ids, rows=0)) and run
+        every node of `tree` (token ids `tokens` [len(tree)], node 0 the root at position
+        cache_length() + len(ids)) as tentative nodes right after them, in one forward where
+        the runtime allows; no tentative nodes may be pending. Afterwards cache_length() has
+        grown by len(ids) and keep_path proceeds as after run_tree. Empty `ids` = run_tree of
+        the whole tree. Returns logits of the tree nodes [len(tree), V]."""
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         """Commit the tentative nodes `nodes` (a chain, each the child of the previous, the

@@ -80,6 +80,27 @@ class HFBackend:
         keep = 0 if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
         return hf_cache.forward(self.model, tokens, positions, self.cache, mask, rows=keep)
 
+    def prefill_tree(self, ids, tree: Tree, tokens: torch.Tensor) -> torch.Tensor:
+        """One forward over cat(ids, tokens): ids causal at L.., the tree's nodes at
+        L + len(ids) + depth, each seeing the cache, all of ids and its ancestors
+        (hf_cache.prefill_tree_mask). Only the nodes' rows get logits [len(tree), V]: the
+        output head is not run over the prompt."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        if len(ids) == 0:
+            return self.run_tree(tree, range(len(tree)), tokens, self.cache_length())
+        if self._slots:
+            raise RedwoodError("prefill_tree with tentative tree nodes pending: call keep_path first")
+        if len(tokens) != len(tree):
+            raise RedwoodError(f"prefill_tree got a {len(tree)}-node tree but {len(tokens)} tokens")
+        ancestor, depths = self._layout(tree)
+        start, end = self.cache_length(), self.cache_length() + len(ids)
+        positions = torch.cat([torch.arange(start, end, device=self.device), end + depths])
+        mask = hf_cache.prefill_tree_mask(start, len(ids), ancestor, self.model.dtype)
+        tokens = torch.cat([ids, tokens.to(device=self.device, dtype=torch.long).reshape(-1)])
+        logits = hf_cache.forward(self.model, tokens, positions, self.cache, mask, rows=len(tree))
+        self._slots = {u: u for u in range(len(tree))}           # node u at offset u after ids
+        return logits
+
     def keep_path(self, nodes: Sequence[int]) -> None:
         prefix = self.cache_length()
         keep = torch.tensor([self._slots[u] for u in nodes], dtype=torch.long, device=self.device)

@@ -168,6 +168,26 @@ def tree_attention_mask(prefix_length: int, visible: torch.Tensor, dtype: torch.
     return mask[None, None]
 
 
+def prefill_tree_mask(cached: int, prefix: int, ancestor: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask for one forward of `prefix` new prompt tokens followed by a tree of n
+    nodes, after `cached` committed entries (HFBackend.prefill_tree).
+
+    ancestor: [n, n] bool, ancestor-or-self. Queries are the prefix tokens then the nodes; keys
+    are the cached entries, the prefix tokens, then the nodes:
+      prefix row i: every cached entry, prefix tokens 0..i (causal), no node;
+      node row u:   every cached entry, every prefix token, its ancestors and itself.
+    Returns [1, 1, prefix + n, cached + prefix + n] with 0 where visible and dtype-min elsewhere.
+    """
+    n, device = ancestor.shape[0], ancestor.device
+    causal = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()       # [p, p]
+    hidden = torch.zeros(prefix, n, dtype=torch.bool, device=device)                  # [p, n]
+    seen = torch.ones(n, prefix, dtype=torch.bool, device=device)                     # [n, p]
+    visible = torch.cat([torch.cat([causal, hidden], dim=1),
+                         torch.cat([seen, ancestor], dim=1)])                         # [p+n, p+n]
+    return tree_attention_mask(cached, visible, dtype)
+
+
 def forward(model, token_ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
             mask: torch.Tensor | None = None, rows: torch.Tensor | int = 0) -> torch.Tensor:
     """One forward of new tokens over the cache; returns logits [len(rows), V].

@@ -271,6 +271,16 @@ class LlamaCppBackend:
             return logits                            # the usual case: no [n, V] gather copy
         return logits[torch.from_numpy(order)]
 
+    def prefill_tree(self, ids, tree: Tree, tokens: torch.Tensor) -> torch.Tensor:
+        """append(ids, rows=0), then run_tree over the whole tree: two decodes, not one. A
+        prefill runs in n_batch-token chunks, and a tree's per-sequence-id layout (the prefix
+        copied into every leaf sequence) is set up per tree call, so one fused batch would
+        need the prompt and the tree in one ubatch with the prefix's cells shared by every
+        leaf sequence; on a CPU the saving (one graph launch) is not worth that path here."""
+        self.check_tree(tree)                        # before the prompt is committed
+        self.append(ids, rows=0)
+        return self.run_tree(tree, range(len(tree)), tokens, self._length)
+
     def keep_path(self, nodes: Sequence[int]) -> None:
         self._live()
         llama, mem, step = self._llama, self._mem, self._step

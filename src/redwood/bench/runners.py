@@ -7,7 +7,11 @@ baselines on the same prompt.
 Every runner also records the end-to-end wall time of the whole call, prefill included
 (Measurement.end_to_end_seconds; the primary figure of docs/design.md §9, and the primary column
 of the llama.cpp bench). The decode-only figures (tokens/s) exclude prefill:
-- redwood methods report their prefill separately (GenerationResult.prefill_seconds);
+- redwood methods report their prefill separately (GenerationResult.prefill_seconds); a
+  speculative request on the transformers backend fuses the target's prompt pass into its
+  first verification (docs/design.md §5.4), so its prefill_seconds is the draft's alone and
+  the target's prompt pass counts as decode: its decode-only rate is understated, which is one
+  more reason end to end is the primary figure;
 - `transformers` `generate` cannot split it out, so it is estimated by timing a 1-token
   `generate` of the target on the same prompt right before the run (and, for assisted
   generation, a 1-token `generate` of the draft alone: its prefill happens inside the

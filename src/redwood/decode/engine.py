@@ -6,7 +6,8 @@ keep the accepted path, repeat.
 
 The loop talks only to a `Backend` (the target) and a `Drafter`. Cache invariant between
 steps: the target holds every token except the current root (the newest token); each step
-runs the root plus the tree's nodes as one tree (docs/design.md §1).
+runs the root plus the tree's nodes as one tree (docs/design.md §1). By default the target's
+prefill is that first step's forward too (prefill_tree, docs/design.md §5.4).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class DecodeOptions:
     stop_on_eos: bool = True
     tree: Tree | None = None
     draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
+    fuse_prefill: bool = True          # the target runs prompt[:-1] with the first tree (§5.4)
 
 
 @dataclass
@@ -79,13 +81,15 @@ class Stream:
 class Engine:
     def __init__(self, target, draft, tree: Tree | str | None = None,
                  draft_confidence: float = 0.0, drafter: Drafter | None = None,
-                 profile=None):
+                 profile=None, fuse_prefill: bool = True):
         """target, draft: transformers models or `Backend`s (redwood.backends). tree: the
         default tree for requests; draft_confidence: their default pruning threshold (see
         `stream`). Requests may override both. drafter: a `Drafter` to use instead of the
         draft model (then `draft` may be None). profile: this machine's latency profile
         (plan.formats.Profile); with it every speculative request is governed: it speculates
-        only while that pays on this request (decode/governor.py)."""
+        only while that pays on this request (decode/governor.py). fuse_prefill: the
+        requests' default for fusing the target's prefill into the first verification
+        (docs/design.md §5.4; False = a separate prefill forward, for A/B)."""
         check_draft_confidence(draft_confidence)
         self.draft_confidence = float(draft_confidence)
         self.target, self.draft = target, draft
@@ -105,6 +109,7 @@ class Engine:
         self.drafter = drafter or DraftModelDrafter(self.draft_backend, self._clock, self.layouts)
         self._owner = None                 # the live stream: backends hold one sequence
         self.profile = profile
+        self.fuse_prefill = bool(fuse_prefill)
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:
@@ -116,23 +121,26 @@ class Engine:
     def stream(self, input_ids, max_new_tokens: int | None = None, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                method: str = "sequoia", stop_on_eos: bool = True, tree: Tree | None = None,
-               draft_confidence: float | None = None,
-               params: SamplingParams | None = None) -> Stream:
+               draft_confidence: float | None = None, params: SamplingParams | None = None,
+               fuse_prefill: bool | None = None) -> Stream:
         """Generate lazily. Sampling comes from `params` or from the keyword arguments;
         `tree` overrides the engine's tree for this request only.
 
         draft_confidence in [0, 1): 0 drafts the whole tree every step; above 0 a node gets
         children only while the draft gave every token on its path a probability at or
         above this value, so the tree adapts to how predictable the text is (output stays exact).
-        None = the engine's default. One stream runs at a time per engine: starting another
-        ends the previous one (its iteration then raises RedwoodError).
+        None = the engine's default. fuse_prefill: run the target's prefill in the same forward
+        as the first tree (None = the engine's default; the output is the same either way).
+        One stream runs at a time per engine: starting another ends the previous one (its
+        iteration then raises RedwoodError).
         """
         if params is None:
             params = SamplingParams(max_new_tokens, temperature, top_p, top_k, seed)
         elif max_new_tokens is not None and max_new_tokens != params.max_new_tokens:
             raise RedwoodError("give max_new_tokens in params or as an argument, not both")
         options = DecodeOptions(method, stop_on_eos, tree if tree is not None else self.tree,
-                                self.draft_confidence if draft_confidence is None else draft_confidence)
+                                self.draft_confidence if draft_confidence is None else draft_confidence,
+                                self.fuse_prefill if fuse_prefill is None else bool(fuse_prefill))
         prompt = self._validate(input_ids, params, options)
         state = DecodeState()
         owner = object()
@@ -151,7 +159,7 @@ class Engine:
 
         start = self._clock()
         drafter = self.drafter if speculative else None
-        first_logits = self._prefill(prompt, drafter)
+        first_logits, unrun = self._prefill(prompt, drafter, options.fuse_prefill)
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
         governor = None
@@ -173,12 +181,13 @@ class Engine:
             elif drafter is None:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
             elif governor is not None and not governor.speculate():
-                new_tokens = self._autoregressive_step(root, params, generator, stats)
+                new_tokens = self._autoregressive_step(root, params, generator, stats, unrun)
                 drafter.skip(root)
                 stats.plain_steps += 1
             else:
                 new_tokens = self._speculative_step(root, layout, chooser, params, options,
-                                                    generator, stats, governor)
+                                                    generator, stats, governor, unrun)
+            unrun = None                             # the first step ran the rest of the prompt
             new_tokens = new_tokens[: params.max_new_tokens - len(tokens)]
             new_tokens, finish = self._cut_at_eos(tokens, new_tokens, params, options)
             tokens += new_tokens
@@ -192,29 +201,39 @@ class Engine:
             yield new_tokens
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
 
-    def _prefill(self, prompt, drafter):
-        """Speculative (a drafter given): prefill both models with every prompt token but the
+    def _prefill(self, prompt, drafter, fuse: bool):
+        """(first logits, unrun). Speculative (a drafter given): every prompt token but the
         last, which becomes the first root, so even the first new token comes from a verified
-        step; returns None. Plain decoding: prefill the whole prompt and return its last row's
-        logits [1, V] for the first token, exactly as the runtime's own generation loop does
-        (llama.cpp's kernels differ by batch size, so near-ties resolve as plain llama.cpp's)."""
+        step. The draft prefills them; the target too, unless `fuse`: then they are returned
+        as `unrun` [L-1] and the first step runs them in its verify forward (prefill_tree,
+        docs/design.md §5.4), so prefill_seconds holds the draft's prefill alone. Plain
+        decoding: prefill the whole prompt and return its last row's logits [1, V] for the
+        first token, exactly as the runtime's own generation loop does (llama.cpp's kernels
+        differ by batch size, so near-ties resolve as plain llama.cpp's)."""
         target = self.target_backend
         target.reset()
         if drafter is None:
-            return target.append(prompt, rows=1)
-        target.append(prompt[:-1], rows=0)
+            return target.append(prompt, rows=1), None
+        fuse = fuse and hasattr(target, "prefill_tree")     # a Backend written before it
+        if not fuse:
+            target.append(prompt[:-1], rows=0)
         drafter.prefill(prompt[:-1])
-        return None
+        return None, (prompt[:-1] if fuse else None)
 
-    def _autoregressive_step(self, root, params, generator, stats):
+    def _autoregressive_step(self, root, params, generator, stats, unrun=None):
+        """One plain target token. unrun: prompt tokens the target has not run yet (a fused
+        request whose first step the governor made plain): they go first in the same forward."""
+        ids = [root] if unrun is None else unrun.tolist() + [root]
+        stats.fused_prefill = stats.fused_prefill or unrun is not None
         start = self._clock()
-        logits = self.target_backend.append([root], rows=1)
+        logits = self.target_backend.append(ids, rows=1)
         stats.target_seconds += self._clock() - start
         return [self._sample_one(logits[0], params, generator)]
 
     def _speculative_step(self, root, layout, chooser, params, options, generator, stats,
-                          governor=None):
-        """Draft the tree, verify it in one target forward, keep the accepted path."""
+                          governor=None, unrun=None):
+        """Draft the tree, verify it in one target forward, keep the accepted path. unrun:
+        see _verify_forward."""
         from redwood.decode.sampling import process_logits
         from redwood.decode.verify import verify_greedy, verify_tree
 
@@ -226,8 +245,7 @@ class Engine:
 
         start = self._clock()
         target = self.target_backend
-        logits = target.run_tree(tree, range(len(tree)), proposal.tokens,
-                                 target.cache_length())          # [n, V]
+        logits = self._verify_forward(tree, proposal.tokens, unrun, stats)     # [n, V]
         stats.target_seconds += self._clock() - start
 
         if params.greedy:
@@ -247,6 +265,18 @@ class Engine:
         if governor is not None:
             governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards))
         return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
+
+    def _verify_forward(self, tree, tokens, unrun, stats):
+        """The target's logits [n, V] over the drafted tree (root included). unrun: prompt
+        tokens the target has not run yet (a fused request's first step, see _prefill): they
+        are committed in the same forward (prefill_tree), whose time counts as this step's
+        target time. The tree was drafted before the target ran, so the logits and the
+        verification are those of the separate prefill (docs/design.md §5.4)."""
+        target = self.target_backend
+        if unrun is None:
+            return target.run_tree(tree, range(len(tree)), tokens, target.cache_length())
+        stats.fused_prefill = True
+        return target.prefill_tree(unrun, tree, tokens)
 
     # -- helpers ------------------------------------------------------------------------------
     def _sample_one(self, logits, params, generator) -> int:

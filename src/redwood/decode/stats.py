@@ -14,6 +14,10 @@ class StepStats:
     draft_forwards: int = 0
     tree_nodes: int = 0               # draft tokens verified (tree nodes below the root), summed
     plain_steps: int = 0              # steps the governor ran without drafting (speculation lost)
+    # the target's prompt prefill ran in the first step's forward (its verify, or a governed
+    # plain step's; docs/design.md §5.4): its time is then in target_seconds, and
+    # prefill_seconds holds the draft's prefill alone
+    fused_prefill: bool = False
     # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)
     # drafted tokens the target accepted, by who proposed them ("model", "ngram"); filled
@@ -71,7 +75,7 @@ class GenerationResult:
             "draft_seconds": self.stats.draft_seconds, "other_seconds": self.stats.other_seconds,
             "target_forwards": self.stats.target_forwards, "draft_forwards": self.stats.draft_forwards,
             "draft_tokens_per_step": self.stats.draft_tokens_per_step,
-            "plain_steps": self.stats.plain_steps,
+            "plain_steps": self.stats.plain_steps, "fused_prefill": self.stats.fused_prefill,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
             "accepted_by_source": dict(self.stats.accepted_by_source),
             "governor": dict(self.stats.governor),

@@ -115,23 +115,3 @@ def test_first_two_tokens_follow_the_target_with_growth(temperature, top_p):
     pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p))
     assert pvalue > ALPHA, f"growth T={temperature} top_p={top_p}: p-value {pvalue:.2e}"
 
-
-def test_growth_limit_hangs_a_chain_below_the_deepest_leaf():
-    from redwood.measure.growth_plans import GROWTH_SPINE, growth_tree, with_spine
-    from redwood.plan.formats import Profile
-
-    base = Tree([-1, 0, 0, 1, 1, 2, 3])                   # depths 0 1 1 2 2 2 3
-    tree = with_spine(base, 6)
-    assert tree.parents[:len(base)] == base.parents       # the DP part is unchanged
-    assert tree.num_levels == 6 and len(tree) == len(base) + 2
-    assert tree.parents[7] == 6 and tree.parents[8] == 7  # the chain hangs below node 6
-    assert sum(1 for kids in tree.children if not kids) == \
-        sum(1 for kids in base.children if not kids)      # no new leaves: same sequence ids
-    assert with_spine(base, 3) == base                    # already deep enough: unchanged
-
-    p = [0.8, 0.1, 0.05]
-    profile = Profile(target_ms={1: 10.0, 4: 12.0, 16: 20.0, 32: 30.0},
-                      draft_ms={1: 1.0, 4: 1.2, 16: 2.0, 32: 3.0})
-    limit = growth_tree(p, profile)
-    assert limit.num_levels == GROWTH_SPINE
-    assert list(limit.level_sizes[-3:]) == [1, 1, 1]

@@ -13,36 +13,17 @@ from redwood.plan.planner import dp_table
 from redwood.plan.tree import Tree
 
 GROWTH_BUDGET, GROWTH_DEPTH = 32, 12
-# Levels the deepest chain may reach. The DP tree of an average acceptance vector stops at
-# depth 12, but predictable stretches (code, repeated text) accept far longer chains; the
-# growth rule extends the spine only while each node's calibrated path value pays for one more
-# draft level and target row, so a deep limit costs nothing where text is unpredictable.
-GROWTH_SPINE = 24
 
 
 def growth_tree(p, profile: Profile) -> Tree:
     """The DP tree of the largest measured budget (<= 32) and depth <= 12 for acceptance
-    vector p, its deepest leaf extended by a chain to GROWTH_SPINE levels: the most a step
-    may grow into (fixed before drafting, so every verifier stays exact)."""
+    vector p: the most a step may grow into."""
     budget = max(n for n in profile.target_ms if n <= GROWTH_BUDGET)
     table = dp_table(p, budget, GROWTH_DEPTH)
     depth = max(d for d in range(1, table.max_depth + 1) if table.feasible(budget, d))
-    base = table.tree(budget, depth)
-    tree = with_spine(base, GROWTH_SPINE)
-    tree.source.update(base.source)
-    tree.source.update({"kind": "growth limit", "spine_levels": GROWTH_SPINE})
+    tree = table.tree(budget, depth)
+    tree.source.update({"kind": "growth limit"})
     return tree
-
-
-def with_spine(tree: Tree, levels: int) -> Tree:
-    """`tree` with a chain hung below its deepest leaf (the first in BFS order) so that it
-    has `levels` levels (root included); appended nodes keep BFS order."""
-    parents = list(tree.parents)
-    leaf = max(range(len(parents)), key=lambda u: (tree.depths[u], -u))
-    for _ in range(int(tree.depths[leaf]) + 1, levels):
-        parents.append(leaf)
-        leaf = len(parents) - 1
-    return Tree(parents, dict(tree.source))
 
 
 def growth_trees(profile: Profile, bundle):

@@ -355,7 +355,8 @@ def _load_summary(samples) -> dict:
 
 
 def _notes(config) -> list[str]:
-    notes = ["prefill excluded everywhere: redwood methods time it separately; for "
+    notes = ["decode-only columns exclude prefill: redwood methods time it separately (a "
+             "speculative request's fused prompt pass counts as decode); for "
              "transformers generate it is estimated by a 1-token generate of the target on the "
              "same prompt (plus a 1-token generate of the draft for assisted generation), "
              "subtracted from the wall time, and the first token is not counted",

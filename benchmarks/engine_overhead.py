@@ -300,14 +300,20 @@ def forward_main(args, argv) -> dict:
               "loadavg": {"start": load_start, "end": Path("/proc/loadavg").read_text().strip()},
               "variants": {k: {"preallocate": v[0], "gqa_attention": v[1]} for k, v in VARIANTS.items()},
               "rows": rows}
-    print(f"{label}, {report['threads']} threads, {args.repeats} interleaved repeats, "
-          f"{report['elapsed_seconds']:.0f} s\nloadavg start {load_start} / end {report['loadavg']['end']}")
-    print(forward_table(rows))
-    out = Path(args.out) if args.out else \
-        RESULTS / f"tree-forward-ab-{report['machine']}-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    return save_ab_report(report, forward_table(rows), args.out, RESULTS / "tree-forward-ab")
+
+
+def save_ab_report(report: dict, table: str, out: str | None, stem: Path) -> dict:
+    """Print an A/B report's header and table, write its JSON (to `out`, else to
+    <stem>-<machine>-<date>.json) and return it."""
+    print(f"{report['model']}, {report['threads']} threads, {report['repeats']} interleaved "
+          f"repeats, {report['elapsed_seconds']:.0f} s\nloadavg start "
+          f"{report['loadavg']['start']} / end {report['loadavg']['end']}")
+    print(table)
+    path = Path(out) if out else stem.with_name(f"{stem.name}-{report['machine']}-{report['date']}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
     return report
 
 
@@ -357,7 +363,7 @@ def main(argv=None) -> dict:
                         "engine-overhead-<machine>-<date>.json)")
     args = parser.parse_args(argv)
     if args.prefill:
-        return _sibling("prefill_ab").main(args, argv, forward_model, RESULTS)
+        return _sibling("prefill_ab").main(args, argv, forward_model, RESULTS, save_ab_report)
     args.nodes = args.nodes or [1, 4, 16]
     if args.forwards:
         return forward_main(args, argv)

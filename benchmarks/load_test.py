@@ -297,17 +297,6 @@ def prompts_note(available: int, needed: int) -> dict:
             "note": note}
 
 
-def cpu_model() -> str | None:
-    """/proc/cpuinfo's first "model name" (None where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def versions() -> dict:
     """Installed versions (from package metadata: nothing is imported)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -354,6 +343,8 @@ def main(argv=None) -> int:
     rows = []
     for method in args.methods:
         rows += run_method(method, flags, target, texts, args, stem)
+    from redwood.measure.machine_profile import cpu_model
+
     meta = {"argv": sys.argv[1:], "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "load_average_after": os.getloadavg()[0], "versions": versions(),

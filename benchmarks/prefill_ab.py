@@ -12,7 +12,6 @@ routes' tree logits.
 from __future__ import annotations
 
 import datetime
-import json
 import random
 import sys
 import time
@@ -102,9 +101,10 @@ def prefill_table(rows) -> str:
     return "\n".join(lines)
 
 
-def main(args, argv, forward_model, results: Path) -> dict:
+def main(args, argv, forward_model, results: Path, save) -> dict:
     """engine_overhead.py --prefill: measure, print the table, write JSON under `results`.
-    forward_model(args) -> (model, label): engine_overhead's shipped-or-random target."""
+    forward_model(args) -> (model, label): engine_overhead's shipped-or-random target;
+    save: engine_overhead.save_ab_report."""
     from redwood.bench.common import machine_name
 
     if args.quick:
@@ -124,12 +124,4 @@ def main(args, argv, forward_model, results: Path) -> dict:
               "loadavg": {"start": load_start, "end": Path("/proc/loadavg").read_text().strip()},
               "routes": {"separate": "append(prompt[:-1], rows=0) + run_tree",
                          "fused": "prefill_tree(prompt[:-1], tree, tokens)"}, "rows": rows}
-    print(f"{label}, {report['threads']} threads, {args.repeats} interleaved repeats, "
-          f"{report['elapsed_seconds']:.0f} s\nloadavg start {load_start} / end {report['loadavg']['end']}")
-    print(prefill_table(rows))
-    out = Path(args.out) if args.out else \
-        results / f"prefill-fusion-ab-{report['machine']}-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
-    return report
+    return save(report, prefill_table(rows), args.out, results / "prefill-fusion-ab")

@@ -105,11 +105,18 @@ def test_append_bookkeeping(backend):
     assert backend.cache_length() == 0
 
 
-def test_whole_tree_then_chain(backend):
+@pytest.mark.parametrize("route", ["run_tree", "prefill_tree"])
+def test_whole_tree_then_chain(backend, route):
+    """The whole tree after the prefix (run_tree after append, or prefill_tree committing the
+    prefix's tail in the same call): its rows are the causal rows, keep_path commits the chain."""
     tree = Tree(PARENTS)
     tokens = torch.tensor(tokens_for(backend, len(tree), seed=1))
-    backend.append(PREFIX, rows=0)
-    logits = backend.run_tree(tree, range(len(tree)), tokens, len(PREFIX))
+    if route == "run_tree":
+        backend.append(PREFIX, rows=0)
+        logits = backend.run_tree(tree, range(len(tree)), tokens, len(PREFIX))
+    else:
+        backend.append(PREFIX[:3], rows=0)
+        logits = backend.prefill_tree(PREFIX[3:], tree, tokens)
     assert logits.shape == (len(tree), backend.vocab_size)
     assert backend.cache_length() == len(PREFIX)
     backend.keep_path(CHAIN)
@@ -121,48 +128,6 @@ def test_whole_tree_then_chain(backend):
     reference = causal(backend, text + nxt, rows=len(CHAIN) + 1)
     assert_close(logits[CHAIN], reference[:-1], backend)       # tree rows = causal rows
     assert_close(after, reference[-1:], backend)               # cache = the committed chain
-
-
-def test_drafting_level_by_level(backend):
-    tree = Tree(PARENTS)
-    tokens = torch.tensor(tokens_for(backend, len(tree), seed=3))
-    backend.append(PREFIX + [int(tokens[0])], rows=1)          # the root is committed
-    root_position = backend.cache_length() - 1
-    level1 = backend.run_tree(tree, [1, 2], tokens[[1, 2]], root_position)
-    level2 = backend.run_tree(tree, [3, 4, 5], tokens[[3, 4, 5]], root_position, rows=[2, 0])
-    assert level1.shape == (2, backend.vocab_size) and level2.shape == (2, backend.vocab_size)
-    backend.keep_path([2, 5])
-    assert backend.cache_length() == len(PREFIX) + 3
-    nxt = tokens_for(backend, 1, seed=4)
-    after = backend.append(nxt, rows=1)
-
-    def reference(path, rows=1):
-        return causal(backend, PREFIX + tokens[[0] + path].tolist(), rows=rows)
-
-    assert_close(level1[0:1], reference([1]), backend)
-    assert_close(level1[1:2], reference([2]), backend)
-    assert_close(level2[0:1], reference([2, 5]), backend)      # rows=[2, 0]: node 5 first
-    assert_close(level2[1:2], reference([1, 3]), backend)
-    assert_close(after, causal(backend, PREFIX + tokens[[0, 2, 5]].tolist() + nxt), backend)
-
-
-def test_prefill_tree_then_chain(backend):
-    """prefill_tree commits the ids and runs the whole tree tentatively, as append + run_tree."""
-    tree = Tree(PARENTS)
-    tokens = torch.tensor(tokens_for(backend, len(tree), seed=9))
-    backend.append(PREFIX[:3], rows=0)
-    logits = backend.prefill_tree(PREFIX[3:], tree, tokens)
-    assert logits.shape == (len(tree), backend.vocab_size)
-    assert backend.cache_length() == len(PREFIX)
-    backend.keep_path(CHAIN)
-    assert backend.cache_length() == len(PREFIX) + len(CHAIN)
-    nxt = tokens_for(backend, 1, seed=10)
-    after = backend.append(nxt, rows=1)
-
-    text = PREFIX + tokens[CHAIN].tolist()
-    reference = causal(backend, text + nxt, rows=len(CHAIN) + 1)
-    assert_close(logits[CHAIN], reference[:-1], backend)
-    assert_close(after, reference[-1:], backend)
 
 
 @pytest.mark.parametrize("style", ["verify", "draft"])

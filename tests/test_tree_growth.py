@@ -115,3 +115,20 @@ def test_first_two_tokens_follow_the_target_with_growth(temperature, top_p):
     pvalue = chi_square_pvalue(counts, exact_joint(target, temperature, top_p))
     assert pvalue > ALPHA, f"growth T={temperature} top_p={top_p}: p-value {pvalue:.2e}"
 
+
+
+def test_growth_is_plain_where_no_tree_of_the_bundle_pays():
+    """--grow keeps no draft warm where the planner finds that no tree of the bundle's vector
+    beats plain decoding on this machine's costs; where trees pay it grows inside the limit."""
+    from redwood.measure.bundles import find_bundle
+    from redwood.measure.growth_plans import growth_trees
+    from redwood.plan.formats import Profile
+
+    bundle = find_bundle("auto", "qwen2.5-coder", "hf")
+    sizes = range(1, 33)
+    steep = Profile(target_ms={n: 10.0 * n for n in sizes}, draft_ms={n: 9.0 for n in sizes})
+    flat = Profile(target_ms={n: 100.0 + n for n in sizes}, draft_ms={n: 5.0 for n in sizes})
+    for temperature in (0.0, 0.6):
+        assert len(growth_trees(steep, bundle)(temperature)) == 1
+        grown = growth_trees(flat, bundle)(temperature)
+        assert len(grown) > 1 and grown.source["kind"] == "growth limit"

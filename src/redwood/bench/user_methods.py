@@ -107,7 +107,11 @@ def sequoia_grown_spec(factory, setting: Setting) -> MethodSpec:
     engine = factory.cached_engine(("grown", tuple(tree.parents)), build)
     how = (f"grown best-first per step inside the DP tree n={len(tree)} d={tree.num_levels} of "
            f"the bundle's vector, on {factory.machine_profile_source()}; governed")
-    return MethodSpec("sequoia_grown", f"grown, n<={len(tree)}", redwood_runner(engine, "sequoia"),
+    config = f"grown, n<={len(tree)}"
+    if len(tree) == 1:
+        config = "n=1 (plain decoding: no tree of the bundle's vector pays)"
+        how = f"plain decoding: no tree of the bundle's vector pays on {factory.machine_profile_source()}"
+    return MethodSpec("sequoia_grown", config, redwood_runner(engine, "sequoia"),
                       None, tree, how, "bundle vectors and confidence bins (c(q) = q without)")
 
 

@@ -248,10 +248,8 @@ def forward_rows(model, args) -> list[dict]:
     """Interleaved repeats over (context, n, variant), after one untimed forward per backend."""
     import random
 
-    from redwood.plan.tree import Tree
-
     backends = filled_backends(model, args)
-    trees = {n: Tree([-1] + [(i - 1) // 2 for i in range(1, n)]) for n in args.nodes}   # binary heap
+    trees = {n: heap_tree(n) for n in args.nodes}
     tokens = {n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in args.nodes}
     times = {key: [] for key in ((c, n, v) for c in args.contexts for n in args.nodes for v in args.variants)}
     logits, order, largest = {}, random.Random(args.seed), max(args.nodes)
@@ -288,33 +286,43 @@ def forward_table(rows) -> str:
 
 
 def forward_main(args, argv) -> dict:
+    model, label = forward_model(args)
+    variants = {k: {"preallocate": v[0], "gqa_attention": v[1]} for k, v in VARIANTS.items()}
+    return run_ab("tree-forward-ab", label, lambda: forward_rows(model, args), forward_table,
+                  args, argv, variants=variants)
+
+
+def run_ab(kind: str, label: str, measure, table, args, argv, machine=None, **extra) -> dict:
+    """Run an A/B measurement (measure() -> rows), print its header and table(rows), write the
+    report JSON (to args.out, else results/<kind>-<machine>-<date>.json) and return it.
+    extra: what the compared variants are, stored before the rows."""
     from redwood.bench.common import machine_name
 
-    model, label = forward_model(args)
     load_start, started = Path("/proc/loadavg").read_text().strip(), time.perf_counter()
-    rows = forward_rows(model, args)
-    report = {"format": 1, "kind": "tree-forward-ab", "model": label, "machine": machine_name(),
+    rows = measure()
+    report = {"format": 1, "kind": kind, "model": label, "machine": machine or machine_name(),
               "date": datetime.date.today().isoformat(), "threads": torch.get_num_threads(),
               "command": " ".join(["python benchmarks/engine_overhead.py", *(argv or sys.argv[1:])]),
               "repeats": args.repeats, "elapsed_seconds": time.perf_counter() - started,
               "loadavg": {"start": load_start, "end": Path("/proc/loadavg").read_text().strip()},
-              "variants": {k: {"preallocate": v[0], "gqa_attention": v[1]} for k, v in VARIANTS.items()},
-              "rows": rows}
-    return save_ab_report(report, forward_table(rows), args.out, RESULTS / "tree-forward-ab")
-
-
-def save_ab_report(report: dict, table: str, out: str | None, stem: Path) -> dict:
-    """Print an A/B report's header and table, write its JSON (to `out`, else to
-    <stem>-<machine>-<date>.json) and return it."""
-    print(f"{report['model']}, {report['threads']} threads, {report['repeats']} interleaved "
-          f"repeats, {report['elapsed_seconds']:.0f} s\nloadavg start "
-          f"{report['loadavg']['start']} / end {report['loadavg']['end']}")
-    print(table)
-    path = Path(out) if out else stem.with_name(f"{stem.name}-{report['machine']}-{report['date']}.json")
+              **extra, "rows": rows}
+    print(f"{label}, {report['threads']} threads, {args.repeats} interleaved repeats, "
+          f"{report['elapsed_seconds']:.0f} s\nloadavg start {load_start} / end "
+          f"{report['loadavg']['end']}")
+    print(table(rows))
+    path = Path(args.out) if args.out else \
+        RESULTS / f"{kind}-{report['machine']}-{report['date']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return report
+
+
+def heap_tree(n: int):
+    """A binary heap of n nodes (node i's parent (i - 1) // 2): the A/B modes' trees."""
+    from redwood.plan.tree import Tree
+
+    return Tree([-1] + [(i - 1) // 2 for i in range(1, n)])
 
 
 def _sibling(name: str):
@@ -363,7 +371,7 @@ def main(argv=None) -> dict:
                         "engine-overhead-<machine>-<date>.json)")
     args = parser.parse_args(argv)
     if args.prefill:
-        return _sibling("prefill_ab").main(args, argv, forward_model, RESULTS, save_ab_report)
+        return _sibling("prefill_ab").main(args, argv, forward_model, run_ab, heap_tree)
     args.nodes = args.nodes or [1, 4, 16]
     if args.forwards:
         return forward_main(args, argv)

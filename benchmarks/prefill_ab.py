@@ -11,22 +11,12 @@ routes' tree logits.
 """
 from __future__ import annotations
 
-import datetime
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 ROUTES = ("separate", "fused")
-
-
-def heap_tree(n: int):
-    """A binary heap of n nodes (node i's parent (i - 1) // 2): the --forwards mode's trees."""
-    from redwood.plan.tree import Tree
-
-    return Tree([-1] + [(i - 1) // 2 for i in range(1, n)])
 
 
 def time_route(backend, route: str, prompt: torch.Tensor, tree, tokens: torch.Tensor):
@@ -47,17 +37,17 @@ def time_route(backend, route: str, prompt: torch.Tensor, tree, tokens: torch.Te
     return seconds, logits
 
 
-def prefill_rows(model, lengths, nodes, repeats: int, seed: int = 0) -> list[dict]:
-    """One row per (prompt length, tree size): both routes' times and the saving."""
+def prefill_rows(model, lengths, trees: dict, repeats: int, seed: int = 0) -> list[dict]:
+    """One row per (prompt length, tree size): both routes' times and the saving.
+    trees: {n: Tree of n nodes}."""
     from redwood.backends.hf import HFBackend
 
     backends = {route: HFBackend(model) for route in ROUTES}     # one cache each, same model
     vocab = backends["fused"].vocab_size
     gen = torch.Generator().manual_seed(seed)
     prompts = {length: torch.randint(0, vocab, (length,), generator=gen) for length in lengths}
-    trees = {n: heap_tree(n) for n in nodes}
-    tokens = {n: torch.randint(0, vocab, (n,), generator=gen) for n in nodes}
-    cells = [(length, n) for length in lengths for n in nodes]
+    tokens = {n: torch.randint(0, vocab, (n,), generator=gen) for n in trees}
+    cells = [(length, n) for length in lengths for n in trees]
     times = {(cell, route): [] for cell in cells for route in ROUTES}
     logits = {}
     for length, n in cells:                                       # warm-up, and the logits
@@ -101,12 +91,10 @@ def prefill_table(rows) -> str:
     return "\n".join(lines)
 
 
-def main(args, argv, forward_model, results: Path, save) -> dict:
-    """engine_overhead.py --prefill: measure, print the table, write JSON under `results`.
-    forward_model(args) -> (model, label): engine_overhead's shipped-or-random target;
-    save: engine_overhead.save_ab_report."""
-    from redwood.bench.common import machine_name
-
+def main(args, argv, forward_model, run_ab, heap_tree) -> dict:
+    """engine_overhead.py --prefill: measure, print the table, write the JSON.
+    forward_model(args) -> (model, label): engine_overhead's shipped-or-random target; run_ab,
+    heap_tree: engine_overhead's A/B runner and trees."""
     if args.quick:
         from redwood.models.tiny_random import tiny_pair
 
@@ -114,14 +102,10 @@ def main(args, argv, forward_model, results: Path, save) -> dict:
         model, label = tiny_pair()[0], "quick-tiny target (redwood.models.tiny_random.tiny_pair)"
     else:
         model, label = forward_model(args)
-    load_start, started = Path("/proc/loadavg").read_text().strip(), time.perf_counter()
-    rows = prefill_rows(model, args.lengths, args.nodes or [4, 16], args.repeats, args.seed)
-    report = {"format": 1, "kind": "prefill-fusion-ab", "model": label,
-              "machine": "quick" if args.quick else machine_name(),
-              "date": datetime.date.today().isoformat(), "threads": torch.get_num_threads(),
-              "command": " ".join(["python benchmarks/engine_overhead.py", *(argv or sys.argv[1:])]),
-              "repeats": args.repeats, "elapsed_seconds": time.perf_counter() - started,
-              "loadavg": {"start": load_start, "end": Path("/proc/loadavg").read_text().strip()},
-              "routes": {"separate": "append(prompt[:-1], rows=0) + run_tree",
-                         "fused": "prefill_tree(prompt[:-1], tree, tokens)"}, "rows": rows}
-    return save(report, prefill_table(rows), args.out, results / "prefill-fusion-ab")
+    trees = {n: heap_tree(n) for n in args.nodes or [4, 16]}
+    routes = {"separate": "append(prompt[:-1], rows=0) + run_tree",
+              "fused": "prefill_tree(prompt[:-1], tree, tokens)"}
+    return run_ab("prefill-fusion-ab", label,
+                  lambda: prefill_rows(model, args.lengths, trees, args.repeats, args.seed),
+                  prefill_table, args, argv, machine="quick" if args.quick else None,
+                  routes=routes)

@@ -294,7 +294,7 @@ def forward_main(args, argv) -> dict:
 
 def run_ab(kind: str, label: str, measure, table, args, argv, machine=None, **extra) -> dict:
     """Run an A/B measurement (measure() -> rows), print its header and table(rows), write the
-    report JSON (to args.out, else results/<kind>-<machine>-<date>.json) and return it.
+    report JSON (write_report) and return it.
     extra: what the compared variants are, stored before the rows."""
     from redwood.bench.common import machine_name
 
@@ -310,8 +310,13 @@ def run_ab(kind: str, label: str, measure, table, args, argv, machine=None, **ex
           f"{report['elapsed_seconds']:.0f} s\nloadavg start {load_start} / end "
           f"{report['loadavg']['end']}")
     print(table(rows))
-    path = Path(args.out) if args.out else \
-        RESULTS / f"{kind}-{report['machine']}-{report['date']}.json"
+    return write_report(report, args.out)
+
+
+def write_report(report: dict, out: str | None) -> dict:
+    """Write a report's JSON to `out`, else results/<kind>-<machine>-<date>.json."""
+    path = Path(out) if out else \
+        RESULTS / f"{report['kind']}-{report['machine']}-{report['date']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
@@ -394,12 +399,7 @@ def main(argv=None) -> dict:
               "goal": "everything else (step minus model forwards) <= 10% of a step",
               "rows": rows}
     print(table(rows))
-    out = Path(args.out) if args.out else \
-        RESULTS / f"engine-overhead-{report['machine']}-{report['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
-    return report
+    return write_report(report, args.out)
 
 
 if __name__ == "__main__":

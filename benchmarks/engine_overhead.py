@@ -297,10 +297,12 @@ def run_ab(kind: str, label: str, measure, table, args, argv, machine=None, **ex
     report JSON (write_report) and return it.
     extra: what the compared variants are, stored before the rows."""
     from redwood.bench.common import machine_name
+    from redwood.measure.machine_profile import cpu_model
 
     load_start, started = Path("/proc/loadavg").read_text().strip(), time.perf_counter()
     rows = measure()
     report = {"format": 1, "kind": kind, "model": label, "machine": machine or machine_name(),
+              "cpu": cpu_model(),
               "date": datetime.date.today().isoformat(), "threads": torch.get_num_threads(),
               "command": " ".join(["python benchmarks/engine_overhead.py", *(argv or sys.argv[1:])]),
               "repeats": args.repeats, "elapsed_seconds": time.perf_counter() - started,

@@ -12,6 +12,7 @@ from redwood.bench import llamacpp_report
 from redwood.bench.common import METHOD_LABELS, atomic_write, cpu_cores, duration, machine_name
 from redwood.bench.methods import HF_METHODS
 from redwood.bench.plots import save_plots
+from redwood.measure.machine_profile import cpu_model
 
 
 def _fmt(value, pattern="{:.2f}", missing="–") -> str:
@@ -90,6 +91,7 @@ def markdown(doc: dict) -> str:
     lines += [f"- command: `{doc['command']}`" if doc.get("command") else "- command: (API call)",
               f"- models: {doc['models']}",
              f"- wall time: {duration(doc['elapsed_seconds'])} (model loading excluded)",
+             f"- cpu: {doc.get('cpu') or 'not recorded'}, {cpu_cores()} cores",
              f"- latency profile: {doc['profile']}",
              f"- raw per-prompt records: `{doc['raw']}`"]
     load = doc.get("load_average_1min") or {}
@@ -333,7 +335,8 @@ def _document(report, summary, stem) -> dict:
     return {
         "format": 1, "kind": "bench", "stem": stem, "machine": config.machine or machine_name(),
         "date": datetime.date.today().isoformat(), "command": config.command,
-        "backend": getattr(config, "backend", "hf"), "runtime": report.get("runtime"),
+        "cpu": cpu_model(), "backend": getattr(config, "backend", "hf"),
+        "runtime": report.get("runtime"),
         "models": pair.name, "elapsed_seconds": report["elapsed_seconds"],
         "config": {k: v for k, v in asdict(config).items() if k not in ("notes",)},
         "reductions": config.reductions(),

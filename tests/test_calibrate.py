@@ -217,10 +217,11 @@ def test_confident_drafts_are_accepted_more_often(target64):
     bins = ConfidenceBins.of(result)
     p, q = _next_token_laws(target, prompts, 1.0), _next_token_laws(draft, prompts, 1.0)
     which = torch.bucketize(q, torch.tensor(bins.edges[1:-1], dtype=q.dtype), right=True)
-    expected_drafted = torch.zeros(10, dtype=q.dtype).index_add_(0, which.flatten(), q.flatten())
-    expected_accepted = torch.zeros(10, dtype=q.dtype).index_add_(
+    bins_n = len(bins.drafted)
+    expected_drafted = torch.zeros(bins_n, dtype=q.dtype).index_add_(0, which.flatten(), q.flatten())
+    expected_accepted = torch.zeros(bins_n, dtype=q.dtype).index_add_(
         0, which.flatten(), torch.minimum(p, q).flatten())
-    for b in range(10):                                  # within 4 binomial sd (+1) of exact
+    for b in range(bins_n):                                  # within 4 binomial sd (+1) of exact
         for observed, expected in ((bins.drafted[b], expected_drafted[b]),
                                    (bins.accepted[b], expected_accepted[b])):
             sd = float(expected * (1 - expected / len(prompts))) ** 0.5
@@ -232,7 +233,7 @@ def test_confident_drafts_are_accepted_more_often(target64):
 
 
 def test_confidence_bins_reject_inconsistent_counts():
-    ok = ConfidenceBins.empty(4)
+    ok = ConfidenceBins.empty([0.0, 0.25, 0.5, 0.75, 1.0])
     for probability, accepted in ((0.0, True), (0.5, False), (1.0, True)):
         ok.add(probability, accepted)
     assert (ok.drafted, ok.accepted) == ([1, 0, 1, 1], [1, 0, 0, 1])

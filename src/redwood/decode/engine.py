@@ -237,6 +237,9 @@ class Engine:
         from redwood.decode.sampling import process_logits
         from redwood.decode.verify import verify_greedy, verify_tree
 
+        growth = getattr(self.drafter, "growth", None)
+        if growth is not None and governor is not None:     # the bar a grown tree must earn
+            growth.bar = max(governor.tokens_per_ms, 1.0 / governor.plain_ms)
         proposal = self.drafter.propose(root, layout, chooser, options.draft_confidence)
         tree = proposal.layout.tree                              # pruned when draft_confidence > 0
         stats.draft_seconds += proposal.draft_seconds

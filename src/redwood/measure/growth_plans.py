@@ -12,18 +12,35 @@ from redwood.plan.formats import Acceptance, ConfidenceBins, Profile
 from redwood.plan.planner import dp_table
 from redwood.plan.tree import Tree
 
-GROWTH_BUDGET, GROWTH_DEPTH = 32, 12
+GROWTH_BUDGET, GROWTH_DEPTH, GROWTH_SPINE = 32, 12, 21
 
 
 def growth_tree(p, profile: Profile) -> Tree:
-    """The DP tree of the largest measured budget (<= 32) and depth <= 12 for acceptance
-    vector p: the most a step may grow into."""
-    budget = max(n for n in profile.target_ms if n <= GROWTH_BUDGET)
-    table = dp_table(p, budget, GROWTH_DEPTH)
-    depth = max(d for d in range(1, table.max_depth + 1) if table.feasible(budget, d))
-    tree = table.tree(budget, depth)
-    tree.source.update({"kind": "growth limit"})
+    """The most a step may grow into, for acceptance vector p: the DP tree (depth <= 12) of
+    the largest budget whose union with a rank-1 spine of GROWTH_SPINE levels stays within
+    the largest measured size (<= 32 nodes).
+
+    The DP tree is the best *fixed* shape for the average acceptance; the spine is there for
+    the steps where the draft stays right for long (predictable code: transformers' assisted
+    generation drafts up to 20 tokens there), which an average-acceptance tree never reaches.
+    The growth rule decides per step how much of either to use."""
+    largest = max(n for n in profile.target_ms if n <= GROWTH_BUDGET)
+    spine = min(GROWTH_SPINE, largest)
+    table = dp_table(p, largest, GROWTH_DEPTH)
+    for budget in range(largest, 0, -1):
+        depth = max(d for d in range(1, table.max_depth + 1) if table.feasible(budget, d))
+        tree = with_spine(table.tree(budget, depth), spine)
+        if len(tree) <= largest:
+            break
+    tree.source.update({"kind": "growth limit", "dp_budget": budget, "spine_levels": spine})
     return tree
+
+
+def with_spine(tree: Tree, levels: int) -> Tree:
+    """`tree` with its rank-1 chain from the root extended to `levels` levels (root = 1)."""
+    paths = set(tree.paths())
+    paths.update((0,) * k for k in range(1, levels))
+    return Tree.from_paths(sorted(paths), source=dict(tree.source))
 
 
 PLAIN = Tree([-1], {"kind": "plain", "why": "no tree of the bundle's vector pays on this machine"})
@@ -61,8 +78,21 @@ def calibrations(bundle):
     return lambda temperature: at(bundle.entry(temperature).temperature)
 
 
+def continuations(bundle):
+    """temperature -> p[0] of the bundle entry's acceptance vector: how often the target kept
+    a rank-1 draft token whose parent it kept (BestFirstGrowth's `continuation`)."""
+    @functools.lru_cache(maxsize=None)
+    def at(entry_temperature: float) -> float:
+        entry = bundle.entry(entry_temperature)
+        return float(Acceptance.load(bundle.directory / entry.acceptance).p[0])
+
+    return lambda temperature: at(bundle.entry(temperature).temperature)
+
+
 def growth_rule(profile: Profile, bundle=None) -> BestFirstGrowth:
-    """The growth rule on this machine's costs; its calibration follows each request's
-    temperature (BestFirstGrowth.for_temperature)."""
+    """The growth rule on this machine's costs; its calibration and continuation follow each
+    request's temperature (BestFirstGrowth.begin)."""
+    if bundle is None:
+        return BestFirstGrowth(profile.target_ms, functools.partial(draft_level_ms, profile))
     return BestFirstGrowth(profile.target_ms, functools.partial(draft_level_ms, profile),
-                           calibrations(bundle) if bundle is not None else None)
+                           calibrations(bundle), continuations(bundle))

@@ -111,7 +111,10 @@ def save_acceptance(acceptance: Acceptance, path) -> Path:
 
 # --- acceptance by draft confidence ---------------------------------------------------
 
-CONFIDENCE_BINS = 10
+# Tenths, with the top tenth split at 0.95 and 0.99: a long chain's value is a product of
+# these rates, and a whole [0.9, 1] bin (0.94 at T = 0.6 on the shipped pair) made twenty
+# near-certain tokens (q > 0.99) look like 0.94^20 = 0.29 of a chance.
+CONFIDENCE_EDGES = tuple(round(x / 10, 12) for x in range(10)) + (0.95, 0.99, 1.0)
 
 
 @dataclass
@@ -139,9 +142,8 @@ class ConfidenceBins:
             raise RedwoodError("confidence_bins: counts must satisfy 0 <= accepted <= drafted")
 
     @classmethod
-    def empty(cls, bins: int = CONFIDENCE_BINS) -> "ConfidenceBins":
-        edges = [round(x, 12) for x in np.linspace(0.0, 1.0, bins + 1)]
-        return cls(edges, [0] * bins, [0] * bins)
+    def empty(cls, edges=CONFIDENCE_EDGES) -> "ConfidenceBins":
+        return cls(list(edges), [0] * (len(edges) - 1), [0] * (len(edges) - 1))
 
     def add(self, probability: float, accepted: bool) -> None:
         """Count one examined drafted token of draft probability `probability`."""

@@ -67,26 +67,32 @@ def growth_trees(profile: Profile, bundle):
     return lambda temperature: tree_at(bundle.entry(temperature).temperature)
 
 
-def calibrations(bundle):
-    """temperature -> Calibration from the bundle entry's confidence bins (or c(q) = q)."""
+def per_entry(bundle, derive):
+    """temperature -> derive(the Acceptance of the bundle entry nearest it), computed once per
+    entry (a growth rule asks at the start of every step)."""
     @functools.lru_cache(maxsize=None)
-    def at(entry_temperature: float) -> Calibration:
-        acceptance = Acceptance.load(bundle.directory / bundle.entry(entry_temperature).acceptance)
-        bins = ConfidenceBins.of(acceptance)
-        return Calibration() if bins is None else Calibration.from_bins(bins)
+    def at(entry_temperature: float):
+        entry = bundle.entry(entry_temperature)
+        return derive(Acceptance.load(bundle.directory / entry.acceptance))
 
     return lambda temperature: at(bundle.entry(temperature).temperature)
+
+
+def calibration_of(acceptance: Acceptance) -> Calibration:
+    """The entry's confidence bins as a Calibration (c(q) = q for files without bins)."""
+    bins = ConfidenceBins.of(acceptance)
+    return Calibration() if bins is None else Calibration.from_bins(bins)
+
+
+def calibrations(bundle):
+    """temperature -> Calibration from the bundle entry's confidence bins (or c(q) = q)."""
+    return per_entry(bundle, calibration_of)
 
 
 def continuations(bundle):
     """temperature -> p[0] of the bundle entry's acceptance vector: how often the target kept
     a rank-1 draft token whose parent it kept (BestFirstGrowth's `continuation`)."""
-    @functools.lru_cache(maxsize=None)
-    def at(entry_temperature: float) -> float:
-        entry = bundle.entry(entry_temperature)
-        return float(Acceptance.load(bundle.directory / entry.acceptance).p[0])
-
-    return lambda temperature: at(bundle.entry(temperature).temperature)
+    return per_entry(bundle, lambda acceptance: float(acceptance.p[0]))
 
 
 def growth_rule(profile: Profile, bundle=None) -> BestFirstGrowth:

@@ -106,20 +106,40 @@ def test_use_fastest_linear_routes_a_tiny_model(tmp_path, monkeypatch, capsys):
     rows = mp.use_fastest_linear(model)
     assert rows <= frozenset(mp.KERNEL_ROWS)
     assert "F.linear vs oneDNN" in capsys.readouterr().err
-    routed = cpu_kernels.onednn_rows(model, upto=40)
-    assert routed == (None if not rows else tuple(sorted(rows)))
+    routed = cpu_kernels.onednn_rows(model, upto=32)
+    assert routed == (None if not rows else tuple(sorted(n for n in rows if n <= 32)))
     calls = []
     real = cpu_kernels.onednn_linear
     monkeypatch.setattr(cpu_kernels, "onednn_linear",
                         lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
     layers = sum(type(m) is nn.Linear for m in model.modules())
-    for n in (1, 2, 5, 33):
-        ids = torch.arange(2, 2 + n)[None]
+    vocab = model.config.vocab_size
+    for n, nearest in ((1, 1), (2, 2), (5, 5), (33, 32), (60, 64), (100, 96)):
+        ids = (2 + torch.arange(n) % (vocab - 2))[None]
         with torch.inference_mode():
             torch.testing.assert_close(model(ids).logits, stock_model(ids).logits,
                                        rtol=1e-5, atol=1e-5)
-        assert calls.count(n) == (layers if n in rows else 0)
+        assert calls.count(n) == (layers if nearest in rows else 0), (n, sorted(rows))
         calls.clear()
+
+
+def test_a_prompt_takes_the_kernel_of_the_nearest_timed_length():
+    """Prefill lengths are timed at a few counts; any other length is routed like the timed
+    count nearest it on a log scale (exact counts as chosen, beyond the longest as the
+    longest), so a 150-token prompt is not left on a kernel that loses at 128 and 192."""
+    use = cpu_kernels.nearest_timed_rows({1, 2, 128, 192}, timed=[1, 2, 3, 64, 128, 192, 512])
+    assert [use(n) for n in (1, 2, 3)] == [True, True, False]
+    assert not use(4) and not use(70) and not use(90)       # nearest 3 / 64 / 64
+    assert use(100) and use(150) and use(250)                # nearest 128 / 128-192 / 192
+    assert not use(400) and not use(4096)                    # nearest 512, and beyond it
+    routed = cpu_kernels.apply_kernel_choice(tiny_model(seed=9), {128}, timed=mp.TIMED_ROWS)
+    assert routed > 0
+
+
+def test_routing_text_names_small_rows_and_prompts():
+    assert mp.routing_text(frozenset(mp.TIMED_ROWS)) == "1-32 and prompts (33+ rows)"
+    assert mp.routing_text({4, 5, 6, 128}) == "4-6 and prompts near 128 rows"
+    assert mp.routing_text({2}) == "2" and mp.routing_text(set()) == ""
 
 
 def test_the_latency_profile_key_follows_the_routing():

@@ -95,7 +95,7 @@ def load_models(model_config, bundle=None) -> Pair:
         draft_quantize=model_config.draft_quantize, fast_linear=fast_linear)
     kernels = None
     if not fast_linear and getattr(model_config, "kernels", "auto") == "auto":
-        from redwood.measure.machine_profile import choose_kernels, row_ranges
+        from redwood.measure.machine_profile import choose_kernels, routing_text
 
         # every method (redwood's, transformers' generate and assisted generation) runs on
         # these same model objects, so all of them get the kernels chosen here
@@ -105,7 +105,7 @@ def load_models(model_config, bundle=None) -> Pair:
             else (model_config.model or "qwen2.5-coder"))
     extras = [f"draft {model_config.draft_quantize}"] if model_config.draft_quantize else []
     extras += ["fast linear"] if fast_linear else []
-    extras += [f"kernels: oneDNN for {m} rows {row_ranges(r) or 'none'}, F.linear otherwise"
+    extras += [f"kernels: oneDNN for {m} rows {routing_text(r) or 'none'}, F.linear otherwise"
                for m, r in (kernels or {}).items()]
     if extras:
         name += f" ({', '.join(extras)})"

@@ -130,10 +130,15 @@ def load_matching(path: Path, key: dict) -> Profile | None:
 
 
 KERNEL_ROWS = tuple(range(1, 33))     # the tree sizes and draft level widths the planner may use
+# Prompt lengths (prefill, and a fused prefill's prompt + tree) are timed at these counts and
+# routed by the nearest (cpu_kernels.nearest_timed_rows). On a 2-core AMD EPYC oneDNN does a
+# 128-row Linear pass in 1.0 s against F.linear's 2.4 s: a prompt's prefill halves.
+PROMPT_ROWS = (48, 64, 96, 128, 192, 256, 384, 512)
+TIMED_ROWS = KERNEL_ROWS + PROMPT_ROWS
 KERNEL_MARGIN = 0.03                  # oneDNN must win by 3%: a near-tie stays on stock F.linear
 
 
-def kernel_key(model, rows=KERNEL_ROWS) -> dict:
+def kernel_key(model, rows=TIMED_ROWS) -> dict:
     """What a kernel choice depends on: the CPU, threads, library versions and the model's
     Linear shapes (not its path: models of one architecture share a choice)."""
     import torch
@@ -145,13 +150,14 @@ def kernel_key(model, rows=KERNEL_ROWS) -> dict:
             "versions": {"redwood": _version("redwood"), "torch": torch.__version__}}
 
 
-def choose_linear_rows(model, rows=KERNEL_ROWS, cache_dir=None, progress: bool = True,
+def choose_linear_rows(model, rows=TIMED_ROWS, cache_dir=None, progress: bool = True,
                        measure=None) -> frozenset[int]:
     """The row counts (of `rows`) whose Linear work is faster through oneDNN than through
     F.linear on this machine, for this model's shapes: timed once (a few seconds), cached
     under $REDWOOD_CACHE/profiles/kernels/, reused while kernel_key matches. Route them with
-    cpu_kernels.apply_kernel_choice(model, rows); counts not in `rows` (prefill) stay on
-    F.linear. `measure(model, rows, progress)` -> {n: {"f_linear": ms, "onednn": ms}}
+    cpu_kernels.apply_kernel_choice(model, chosen, timed=rows): a count that was not timed (a
+    prompt's length) goes the way of the nearest timed one.
+    `measure(model, rows, progress)` -> {n: {"f_linear": ms, "onednn": ms}}
     replaces the timing (tests). Empty without oneDNN or float32 Linear layers."""
     from redwood.models.cpu_kernels import fast_linear_available, linear_shapes
 
@@ -173,7 +179,7 @@ def choose_linear_rows(model, rows=KERNEL_ROWS, cache_dir=None, progress: bool =
                 f"cached in {directory})") if progress else ""
     chosen = cached(directory, key, _load_kernel_choice, make, announce)
     if progress:
-        print(f"redwood: oneDNN for {row_ranges(chosen) or 'no'} rows, F.linear elsewhere",
+        print(f"redwood: oneDNN for {routing_text(chosen) or 'no'} rows, F.linear elsewhere",
               file=sys.stderr, flush=True)
     return chosen
 
@@ -183,7 +189,7 @@ def use_fastest_linear(model, cache_dir=None, progress: bool = True) -> frozense
     from redwood.models.cpu_kernels import apply_kernel_choice
 
     rows = choose_linear_rows(model, cache_dir=cache_dir, progress=progress)
-    apply_kernel_choice(model, rows)
+    apply_kernel_choice(model, rows, timed=TIMED_ROWS)
     return rows
 
 
@@ -226,6 +232,17 @@ def _load_kernel_choice(path: Path, key: dict) -> frozenset[int] | None:
     except (OSError, ValueError, KeyError, TypeError):    # missing or damaged: measure again
         pass
     return None
+
+
+def routing_text(chosen) -> str:
+    """{1..32, 48..512} -> '1-32 and prompts (33+ rows)': which inputs go to oneDNN."""
+    small = row_ranges(n for n in chosen if n <= KERNEL_ROWS[-1])
+    long = [n for n in PROMPT_ROWS if n in chosen]
+    if len(long) == len(PROMPT_ROWS):
+        tail = f"prompts ({KERNEL_ROWS[-1] + 1}+ rows)"
+    else:
+        tail = f"prompts near {', '.join(map(str, long))} rows" if long else ""
+    return " and ".join(part for part in (small, tail) if part)
 
 
 def row_ranges(rows) -> str:

@@ -20,6 +20,7 @@ float32 weight tensor (pre-packing it would need a second copy of the weights).
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -89,13 +90,35 @@ def enable_fast_linear(model: nn.Module, rows=DEFAULT_ROWS) -> int:
     return len(layers)
 
 
-def apply_kernel_choice(model: nn.Module, rows) -> int:
-    """Route exactly the row counts in `rows` (a set, e.g. from choose_linear_rows) through
-    oneDNN, every other count through F.linear. An empty set restores the stock layers, so a
-    model that gains nothing keeps the exact stock forward. Returns the layers routed."""
+def apply_kernel_choice(model: nn.Module, rows, timed=None) -> int:
+    """Route the row counts in `rows` (a set, e.g. from choose_linear_rows) through oneDNN,
+    every other count through F.linear. With `timed` (the counts that were timed), a count
+    that was not timed goes the way of the nearest timed one (nearest_timed_rows). An empty set
+    restores the stock layers, so a model that gains nothing keeps the exact stock forward.
+    Returns the layers routed."""
     rows = frozenset(int(n) for n in rows)
     disable_fast_linear(model)
-    return enable_fast_linear(model, rows) if rows else 0
+    if not rows:
+        return 0
+    return enable_fast_linear(model, rows if timed is None else nearest_timed_rows(rows, timed))
+
+
+def nearest_timed_rows(chosen, timed) -> Callable[[int], bool]:
+    """Predicate: does an n-row input go to oneDNN? Yes when the timed count nearest to n (on a
+    log scale; n itself when timed) is in `chosen`. Prompts come in every length, so prefill
+    is timed at a few lengths (48 .. 512 rows) and each prompt takes the kernel that won at the
+    length nearest its own; beyond the longest timed count, the longest's choice."""
+    chosen = frozenset(int(n) for n in chosen)
+    timed = sorted({int(n) for n in timed})
+    decided: dict[int, bool] = {}
+
+    def use_onednn(n: int) -> bool:
+        if n not in decided:
+            nearest = min(timed, key=lambda t: (abs(math.log(max(n, 1) / t)), t))
+            decided[n] = nearest in chosen
+        return decided[n]
+
+    return use_onednn
 
 
 def onednn_rows(model: nn.Module, upto: int = 64) -> tuple[int, ...] | None:

@@ -40,6 +40,20 @@ def test_measured_once_then_cached(tmp_path, backends):
     assert again.extra["machine_key"]["cpu"] == mp.cpu_model()
 
 
+def test_a_profile_without_the_sizes_asked_for_is_measured_again(tmp_path, backends):
+    """Grown trees need t(40) and t(48): a cached profile of sizes 1..32 must not serve a
+    request for sizes up to 48 (the growth limit would silently stay at 32)."""
+    measure, calls = fake_measure(lambda n: 30.0 + n, lambda n: 5.0)
+    mp.machine_profile(*backends, sizes=[1, 2, 4], cache_dir=tmp_path, progress=False,
+                       measure=measure)
+    wider = mp.machine_profile(*backends, sizes=[1, 2, 4, 8], cache_dir=tmp_path,
+                               progress=False, measure=measure)
+    assert calls == [[1, 2, 4], [1, 2, 4, 8]] and max(wider.target_ms) == 8
+    mp.machine_profile(*backends, sizes=[1, 2, 4, 8], cache_dir=tmp_path, progress=False,
+                       measure=measure)
+    assert len(calls) == 2                                  # and that one is cached in turn
+
+
 @pytest.mark.parametrize("field, value", [("cpu", "Some Other CPU"), ("threads", 64),
                                           ("backend", "llamacpp")])
 def test_a_profile_of_another_machine_is_not_used(tmp_path, backends, field, value):

@@ -107,14 +107,15 @@ def test_costs_between_measured_sizes_are_interpolated():
 
 def test_growth_limit_is_the_dp_tree_with_a_long_spine():
     from redwood.measure.growth_plans import GROWTH_SPINE, growth_tree
+    from redwood.measure.machine_profile import QUICK_SIZES
     from redwood.plan.formats import Profile
     from redwood.plan.planner import dp_table
 
     p = [0.8, 0.1, 0.05, 0.02]
-    sizes = list(range(1, 17)) + [20, 24, 28, 32]
+    sizes = list(QUICK_SIZES)                        # what a first-use profile measures
     tree = growth_tree(p, Profile(target_ms={n: 100.0 + n for n in sizes},
                                   draft_ms={n: 5.0 for n in sizes}))
-    assert len(tree) <= 32 and tree.num_levels == GROWTH_SPINE
+    assert len(tree) <= max(sizes) and tree.num_levels == GROWTH_SPINE
     assert set((0,) * k for k in range(1, GROWTH_SPINE)) <= set(tree.paths())
     budget = tree.source["dp_budget"]
     table = dp_table(p, budget, 12)

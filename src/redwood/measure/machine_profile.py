@@ -25,7 +25,7 @@ from pathlib import Path
 
 from redwood.plan.formats import Profile
 
-QUICK_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32)     # what the bundles' planners may choose
+QUICK_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48)   # planners: <= 32; grown trees: <= 48
 QUICK = dict(context=128, repeats=3, warmup=1)
 
 
@@ -100,7 +100,9 @@ def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: 
     from redwood.decode.engine import as_backend
 
     target, draft = as_backend(target), as_backend(draft)
-    key = profile_key(target, draft)
+    # the sizes are part of the key: a profile without the sizes asked for (40 and 48 came
+    # with grown trees of up to 48 nodes) is measured again, never silently extrapolated
+    key = {**profile_key(target, draft), "sizes": sorted(int(n) for n in sizes)}
     directory = profile_dir(cache_dir)
     announce = (f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
                 f"{key['backend']} backend; cached in {directory})") if progress else ""

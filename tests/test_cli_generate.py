@@ -172,3 +172,15 @@ def test_grown_trees_keep_greedy_output(model_dirs, shipped_tokenizer, capsys, t
     assert record["draft_tokens_per_step"] <= len(TREE) - 1
     assert main(_args(root, "x", "--grow", "--drafter", "ngram")) == 2
     assert "--grow applies to the draft-model drafter" in capsys.readouterr().err
+
+
+def test_grow_flag_has_three_states():
+    """No flag: the measured default (grows_by_default); --grow / --no-grow force it."""
+    from redwood.cli.main import build_parser
+    from redwood.cli.options import _model_config
+
+    parser = build_parser()
+    for flags, grow in (([], None), (["--grow"], True), (["--no-grow"], False)):
+        for verb in ("generate", "serve"):
+            args = parser.parse_args([verb, *(["x"] if verb == "generate" else []), *flags])
+            assert _model_config(args).grow is grow, (verb, flags)

@@ -136,3 +136,33 @@ def test_load_engine_plans_the_bundle_for_this_machine(tmp_path, monkeypatch, sh
     engine, _ = load_engine(config, progress=False, temperature=0.0)
     assert engine.tree.source.get("profile") == "this machine (first-use profile)"
     assert list((tmp_path / "cache" / "profiles").glob("*.json"))
+
+
+def test_transformers_engines_grow_their_trees_by_default(tmp_path, monkeypatch, shipped_tokenizer):
+    """With a tuned bundle on the transformers backend and no explicit threshold, load_engine
+    grows each step's tree inside the bundle's growth limit; --no-grow (grow=False) keeps the
+    re-planned governed tree; an explicit threshold, another drafter or llama.cpp do not grow
+    unless asked."""
+    from dataclasses import replace
+
+    from redwood.cli.textgen import ModelConfig, grows_by_default, load_engine
+
+    model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)
+    for name in ("target", "draft"):
+        model.save_pretrained(tmp_path / name)
+    shipped_tokenizer.save_pretrained(tmp_path / "target")
+    bundle = _bundle(tmp_path, [0.9, 0.05])
+    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
+                         tree=str(bundle.directory), backend="hf")
+    grown, _ = load_engine(config, progress=False, temperature=0.0)
+    assert grown.drafter.growth is not None and grown.draft_confidence == 0.0
+    assert grown.tree.source.get("kind") in ("growth limit", "plain")
+    plain, _ = load_engine(replace(config, grow=False), progress=False, temperature=0.0)
+    assert plain.drafter.growth is None
+    assert plain.tree.source.get("profile") == "this machine (first-use profile)"
+    assert grows_by_default(config, "hf", bundle)
+    assert not grows_by_default(config, "llamacpp", bundle)
+    assert not grows_by_default(config, "hf", None)
+    assert not grows_by_default(replace(config, draft_confidence=0.5), "hf", bundle)
+    assert not grows_by_default(replace(config, drafter="ngram"), "hf", bundle)

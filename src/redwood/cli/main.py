@@ -155,6 +155,9 @@ def _cmd_generate(args):
         print()
         for line in stats_lines(result):
             print(line, file=sys.stderr)
+        if getattr(engine.drafter, "growth", None) is not None:
+            print(f"trees grown per step inside {len(engine.tree)} nodes on this machine's costs "
+                  "(--no-grow: the bundle's re-planned tree)", file=sys.stderr)
 
 
 def _add_demo(sub):

@@ -1,6 +1,8 @@
 """Command-line options shared by several verbs (model selection)."""
 from __future__ import annotations
 
+import argparse
+
 
 def _add_model_args(p):
     p.add_argument("--model", default=None, help="shipped model pair (default: qwen2.5-coder)")
@@ -24,10 +26,12 @@ def _add_model_args(p):
                    "spends its time where this machine's costs and the live acceptance say), or "
                    "auto (per temperature from the tuned bundle planned for this machine: "
                    "ngram where no draft-model tree pays, else hybrid)")
-    p.add_argument("--grow", action="store_true",
+    p.add_argument("--grow", action=argparse.BooleanOptionalAction, default=None,
                    help="grow each step's tree best-first by calibrated path acceptance, level by "
                    "level, while the next level is worth its cost on this machine (the bundle's "
-                   "largest tree bounds it; output stays exact)")
+                   "largest tree bounds it; output stays exact). Default: on for the transformers "
+                   "backend with the draft model and a tuned bundle, off elsewhere; --no-grow: "
+                   "the bundle's re-planned tree, governed")
     p.add_argument("--bundle-latencies", action="store_true",
                    help="with a tuned bundle: use the trees it planned from its own latency "
                    "profile (default: measure this machine once, cached, and plan its acceptance "
@@ -41,8 +45,8 @@ def _add_model_args(p):
                    "(the fixed rule of older bundles; --kernels auto measures instead)")
     p.add_argument("--kernels", default="auto", choices=["auto", "stock"],
                    help="transformers backend on a CPU, float32: auto (default) times F.linear "
-                   "(MKL) against oneDNN for every row count 1-32 at first use (seconds, cached "
-                   "per machine) and routes each to the faster; stock: F.linear everywhere")
+                   "(MKL) against oneDNN for every row count 1-32 and several prompt lengths at "
+                   "first use (seconds, cached per machine) and routes each to the faster; stock: F.linear everywhere")
 
 
 def _model_config(args):
@@ -52,7 +56,7 @@ def _model_config(args):
                        dtype=args.dtype, device=args.device, draft_quantize=args.draft_quantize,
                        fast_linear=getattr(args, "fast_linear", False),
                        kernels=getattr(args, "kernels", "auto"),
-                       grow=getattr(args, "grow", False),
+                       grow=getattr(args, "grow", None),
                        draft_confidence=args.draft_confidence, backend=args.backend,
                        bundle_latencies=getattr(args, "bundle_latencies", False),
                        drafter=getattr(args, "drafter", "model"))

@@ -25,7 +25,8 @@ class ModelConfig:
     draft_quantize: str | None = None  # "int8": dynamic int8 draft (CPU), output stays exact
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
     kernels: str = "auto"              # "auto": F.linear or oneDNN per row count, measured here
-    grow: bool = False                 # per-step trees grown best-first (decode/tree_growth.py)
+    grow: bool | None = None           # per-step trees grown best-first (decode/tree_growth.py);
+                                       # None: where they are the measured default (grows_by_default)
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
@@ -96,7 +97,7 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         engine.profile = machine_profile(engine.target_backend, engine.draft_backend,
                                          progress=progress)
         engine.tree, engine.draft_confidence = bundle_drafting(bundle, engine, config)(temperature)
-    if config.grow:
+    if config.grow or (config.grow is None and grows_by_default(config, backend, bundle)):
         use_growth(engine, bundle, progress)
         if bundle is not None:
             engine.tree = bundle_drafting(bundle, engine, config)(temperature)[0]
@@ -139,6 +140,16 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
     engine.draft_confidence = 0.0
 
 
+def grows_by_default(config: ModelConfig, backend: str, bundle) -> bool:
+    """Per-step trees unless asked otherwise where they were measured best: the transformers
+    backend, the draft-model drafter, a tuned bundle planned for this machine and no explicit
+    pruning threshold (README's transformers table: ahead of the governed tree in every
+    column). On llama.cpp no draft-model tree pays on the 2-core CPUs measured, so either way
+    decodes plainly there; --grow asks for it anywhere, --no-grow never."""
+    return (backend == "hf" and config.drafter == "model" and bundle is not None
+            and not config.bundle_latencies and config.draft_confidence is None)
+
+
 def use_growth(engine, bundle=None, progress: bool = True) -> None:
     """Grow each step's tree best-first inside the request's tree (decode/tree_growth.py) on
     this machine's profile, with the bundle's calibrated acceptance by draft probability."""
@@ -157,11 +168,11 @@ def use_growth(engine, bundle=None, progress: bool = True) -> None:
 def bundle_drafting(bundle, engine, config: ModelConfig):
     """temperature -> (tree, draft_confidence) from a tuned bundle: its acceptance vectors
     planned against this machine's profile (engine.profile, see load_engine), or with
-    config.bundle_latencies the bundle's own trees. With config.grow: the largest tree a
-    step may grow into (measure/growth_plans.py), no pruning threshold."""
+    config.bundle_latencies the bundle's own trees. When the engine grows its trees (load_engine
+    gave its drafter a growth rule): the largest tree a step may grow into (measure/growth_plans.py), no pruning threshold."""
     import functools
 
-    if config.grow and engine.profile is not None:
+    if getattr(engine.drafter, "growth", None) is not None and engine.profile is not None:
         from redwood.measure.growth_plans import growth_trees
 
         trees = growth_trees(engine.profile, bundle)

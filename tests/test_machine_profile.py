@@ -120,17 +120,22 @@ def test_replan_follows_this_machines_costs(tmp_path):
     assert len(none_tree) == 1                                      # never speculates then
 
 
+def _tiny_pair_with_bundle(tmp_path, monkeypatch, shipped_tokenizer):
+    """A tiny target/draft pair saved as HF directories, a bundle beside them, a fresh cache."""
+    model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)
+    for name in ("target", "draft"):
+        model.save_pretrained(tmp_path / name)
+    shipped_tokenizer.save_pretrained(tmp_path / "target")
+    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    return _bundle(tmp_path, [0.9, 0.05])
+
+
 def test_load_engine_plans_the_bundle_for_this_machine(tmp_path, monkeypatch, shipped_tokenizer):
     """load_engine with a bundle measures this machine once (tiny models: fast) and uses the
     re-planned tree, not the bundle's."""
     from redwood.cli.textgen import ModelConfig, load_engine
 
-    model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)
-    for name in ("target", "draft"):
-        model.save_pretrained(tmp_path / name)
-    shipped_tokenizer.save_pretrained(tmp_path / "target")
-    bundle = _bundle(tmp_path, [0.9, 0.05])
-    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    bundle = _tiny_pair_with_bundle(tmp_path, monkeypatch, shipped_tokenizer)
     config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
                          tree=str(bundle.directory), draft_confidence=0.0, backend="hf")
     engine, _ = load_engine(config, progress=False, temperature=0.0)
@@ -147,12 +152,7 @@ def test_transformers_engines_grow_their_trees_by_default(tmp_path, monkeypatch,
 
     from redwood.cli.textgen import ModelConfig, grows_by_default, load_engine
 
-    model = tiny_model(vocab_size=64, hidden_size=16, num_layers=1)
-    for name in ("target", "draft"):
-        model.save_pretrained(tmp_path / name)
-    shipped_tokenizer.save_pretrained(tmp_path / "target")
-    bundle = _bundle(tmp_path, [0.9, 0.05])
-    monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))
+    bundle = _tiny_pair_with_bundle(tmp_path, monkeypatch, shipped_tokenizer)
     config = ModelConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
                          tree=str(bundle.directory), backend="hf")
     grown, _ = load_engine(config, progress=False, temperature=0.0)

@@ -184,3 +184,16 @@ def test_grow_flag_has_three_states():
         for verb in ("generate", "serve"):
             args = parser.parse_args([verb, *(["x"] if verb == "generate" else []), *flags])
             assert _model_config(args).grow is grow, (verb, flags)
+
+
+def test_stats_line_says_where_a_fused_prompt_pass_is_counted():
+    """A fused first verification puts the target's prompt pass inside the decode time; the
+    summary must not call the (draft-only) prefill figure the prefill."""
+    from redwood.cli.textgen import stats_lines
+    from redwood.decode.stats import GenerationResult, StepStats
+
+    fused = GenerationResult([1, 2], [1, 1], StepStats(fused_prefill=True), 0.05, "sequoia")
+    plain = GenerationResult([1, 2], [1, 1], StepStats(), 0.5, "autoregressive")
+    assert "prompt pass included" in stats_lines(fused)[0]
+    assert "draft's prefill 0.05 s excluded" in stats_lines(fused)[0]
+    assert stats_lines(plain)[0].endswith("prefill 0.50 s excluded)")

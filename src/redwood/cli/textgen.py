@@ -221,7 +221,10 @@ def stats_lines(result: GenerationResult) -> list[str]:
     stats = result.stats
     return [
         f"{len(result.tokens)} tokens in {result.decode_seconds:.2f} s "
-        f"({result.tokens_per_second:.2f} tokens/s, prefill {result.prefill_seconds:.2f} s excluded)",
+        f"({result.tokens_per_second:.2f} tokens/s, " + (
+            f"the target's prompt pass included: fused into the first verification; the draft's "
+            f"prefill {result.prefill_seconds:.2f} s excluded)" if stats.fused_prefill else
+            f"prefill {result.prefill_seconds:.2f} s excluded)"),
         f"{result.tokens_per_step:.2f} tokens per target forward over {stats.target_forwards} forwards "
         f"({result.method}" + (f"; {stats.draft_tokens_per_step:.2f} draft tokens checked per "
                                "forward)" if stats.tree_nodes else ")"),

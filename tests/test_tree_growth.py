@@ -221,3 +221,20 @@ def test_growth_is_plain_where_no_tree_of_the_bundle_pays():
         assert len(growth_trees(steep, bundle)(temperature)) == 1
         grown = growth_trees(flat, bundle)(temperature)
         assert len(grown) > 1 and grown.source["kind"] == "growth limit"
+
+
+@pytest.mark.parametrize("backend", ["hf", "llamacpp"])
+def test_shipped_bundles_carry_calibrated_bins_for_every_temperature(backend):
+    """Grown trees on either backend size themselves from measured acceptance by draft
+    probability, not c(q) = q: every entry of both shipped bundles has confidence bins, and
+    the top bin (q >= 0.99) holds enough drafted tokens to be used."""
+    from redwood.measure.bundles import load_bundle, shipped_bundle_dir
+    from redwood.measure.growth_plans import calibrations
+
+    bundle = load_bundle(shipped_bundle_dir(backend=backend))
+    rule = calibrations(bundle)
+    for entry in bundle.entries:
+        calibration = rule(entry.temperature)
+        assert calibration.edges[-2:] == [0.99, 1.0]
+        assert calibration.rates[-1] is not None and calibration.rates[-1] > 0.9
+        assert calibration(0.995) == calibration.rates[-1] != 0.995

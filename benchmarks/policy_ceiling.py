@@ -54,13 +54,11 @@ class Costs:
                       for w in (1, 2)}
 
     def target_ms(self, n: float) -> float:
-        sizes = list(self.target)
-        if n <= sizes[0]:
-            return self.target[sizes[0]]
-        for a, b in zip(sizes, sizes[1:]):
-            if n <= b:
-                return self.target[a] + (self.target[b] - self.target[a]) * (n - a) / (b - a)
-        a, b = sizes[-2], sizes[-1]
+        from redwood.decode.tree_growth import interpolated_ms
+
+        a, b = list(self.target)[-2:]
+        if n <= b:                          # the growth rule's own interpolation
+            return interpolated_ms(self.target, n)
         return self.target[b] + (self.target[b] - self.target[a]) / (b - a) * (n - b)
 
 

@@ -46,7 +46,8 @@ def _add_model_args(p):
     p.add_argument("--kernels", default="auto", choices=["auto", "stock"],
                    help="transformers backend on a CPU, float32: auto (default) times F.linear "
                    "(MKL) against oneDNN for every row count 1-32 and several prompt lengths at "
-                   "first use (seconds, cached per machine) and routes each to the faster; stock: F.linear everywhere")
+                   "first use (seconds, cached per machine) and routes each to the faster; "
+                   "stock: F.linear everywhere")
 
 
 def _model_config(args):

@@ -26,7 +26,7 @@ class ModelConfig:
     fast_linear: bool = False          # CPU float32: oneDNN for 4-64-row matmuls (tree forwards)
     kernels: str = "auto"              # "auto": F.linear or oneDNN per row count, measured here
     grow: bool | None = None           # per-step trees grown best-first (decode/tree_growth.py);
-                                       # None: where they are the measured default (grows_by_default)
+                                       # None: where measured best (grows_by_default)
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
@@ -169,7 +169,8 @@ def bundle_drafting(bundle, engine, config: ModelConfig):
     """temperature -> (tree, draft_confidence) from a tuned bundle: its acceptance vectors
     planned against this machine's profile (engine.profile, see load_engine), or with
     config.bundle_latencies the bundle's own trees. When the engine grows its trees (load_engine
-    gave its drafter a growth rule): the largest tree a step may grow into (measure/growth_plans.py), no pruning threshold."""
+    gave its drafter a growth rule): the largest tree a step may grow into
+    (measure/growth_plans.py), no pruning threshold."""
     import functools
 
     if getattr(engine.drafter, "growth", None) is not None and engine.profile is not None:

@@ -33,8 +33,8 @@ R because each decision looks one level ahead: early in a step, the first child'
 t_target(2) − t_target(1) must be amortised by levels not yet drafted.
 
 Target costs between measured sizes are interpolated here (the profile measures every size
-to 16, then 20, 24, 28, 32, 40, 48): taking the next measured size's time would charge a whole jump
-to the one level that crosses it.
+to 16, then 20, 24, 28, 32, 40, 48): taking the next measured size's time would charge a
+whole jump to the one level that crosses it.
 
 Why exact: the number of children of u is fixed before u's children are drawn (the first j
 draws of a sequence without replacement are j sequential draws, so keeping a prefix of M's

@@ -16,7 +16,7 @@ LLAMA_CPP_SPEC := llama-cpp-python==0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF
 
-.PHONY: demo test install models llamacpp
+.PHONY: demo test install models llamacpp llama-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,3 +53,27 @@ demo: $(VENV)/.parts $(VENV)/.llamacpp
 test: $(VENV)/.models
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
+
+# The baseline CPU users run: llama.cpp's own llama-server and llama-bench, built from the very
+# sources the pinned llama-cpp-python vendors (its sdist's vendor/llama.cpp) with the binding's CPU
+# flags, so both sides run the same kernels. Benchmarks only (`make test` never needs it); about
+# 6 minutes on 2 cores, cached under .venv/llama-server (delete that folder to rebuild).
+LLAMA_SERVER_DIR := $(VENV)/llama-server
+LLAMA_SERVER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release \
+	$(filter-out -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF,$(LLAMA_CMAKE_ARGS)) \
+	-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+
+$(LLAMA_SERVER_DIR)/.built: $(BIN)/python
+	@echo "building llama-server and llama-bench from $(LLAMA_CPP_SPEC)'s sources (first time only: about 6 minutes)"
+	rm -rf $(LLAMA_SERVER_DIR) && mkdir -p $(LLAMA_SERVER_DIR)/sdist
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(LLAMA_SERVER_DIR)/sdist "$(LLAMA_CPP_SPEC)"
+	tar -xzf $(LLAMA_SERVER_DIR)/sdist/*.tar.gz -C $(LLAMA_SERVER_DIR)/sdist
+	cmake -S $(LLAMA_SERVER_DIR)/sdist/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_SERVER_DIR)/build \
+	  $(LLAMA_SERVER_CMAKE_ARGS) > $(LLAMA_SERVER_DIR)/cmake.log
+	cmake --build $(LLAMA_SERVER_DIR)/build -j2 --target llama-server llama-bench > $(LLAMA_SERVER_DIR)/build.log
+	@echo '{"spec": "$(LLAMA_CPP_SPEC)", "cmake_args": "$(strip $(LLAMA_SERVER_CMAKE_ARGS))"}' > $(LLAMA_SERVER_DIR)/build.json
+	touch $@
+	@echo "built $(LLAMA_SERVER_DIR)/build/bin/llama-server and llama-bench"
+
+llama-server: $(LLAMA_SERVER_DIR)/.built

@@ -1,6 +1,7 @@
 """The governor: speculate only while it pays on this request. Pure logic, then the engine:
 output unchanged (greedy equality, chi-square exactness with plain steps interleaved), plain
-steps where drafts fail, none where they succeed."""
+steps where drafts fail, none where they succeed. The engine tests here judge by the profiles
+they give (live_costs=False); tests/test_live_costs.py covers costs read from the clock."""
 from __future__ import annotations
 
 import numpy as np
@@ -56,16 +57,16 @@ def test_plain_steps_where_drafts_fail_and_output_unchanged(pair):
     prompt = torch.tensor([5, 6, 7, 8])
     reference = Engine(target, bad, chain(4)).generate(prompt, 40, method="autoregressive",
                                                        stop_on_eos=False)
-    governed = Engine(target, bad, chain(4), profile=STEEP).generate(prompt, 40, stop_on_eos=False)
+    governed = Engine(target, bad, chain(4), profile=STEEP, live_costs=False).generate(prompt, 40, stop_on_eos=False)
     assert governed.tokens == reference.tokens
     assert governed.stats.plain_steps > 20
-    good = Engine(target, target, chain(4), profile=FLAT).generate(prompt, 40, stop_on_eos=False)
+    good = Engine(target, target, chain(4), profile=FLAT, live_costs=False).generate(prompt, 40, stop_on_eos=False)
     assert good.tokens == reference.tokens and good.stats.plain_steps == 0
 
 
 def test_seeded_sampling_stays_reproducible_with_the_governor(pair):
     target, bad = pair
-    engine = Engine(target, bad, chain(4), profile=STEEP)
+    engine = Engine(target, bad, chain(4), profile=STEEP, live_costs=False)
     runs = [engine.generate(torch.tensor([3, 4]), 30, temperature=1.0, seed=5,
                             stop_on_eos=False).tokens for _ in range(2)]
     assert runs[0] == runs[1]
@@ -78,7 +79,7 @@ def test_exact_with_plain_steps_interleaved(temperature, top_p):
     often comes from a plain step. The joint law of the first two tokens stays the target's."""
     target = tiny_model("qwen2", vocab_size=VOCAB, seed=21, hidden_size=16, num_layers=1, scale=3.0)
     draft = tiny_model("qwen2", vocab_size=VOCAB, seed=22, hidden_size=16, num_layers=1, scale=3.0)
-    engine = Engine(target, draft, Tree([-1, 0, 0]), profile=STEEP)
+    engine = Engine(target, draft, Tree([-1, 0, 0]), profile=STEEP, live_costs=False)
     counts = np.zeros(VOCAB * VOCAB)
     plain = 0
     for seed in range(1200):

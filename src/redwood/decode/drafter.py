@@ -27,6 +27,8 @@ class Proposal:
     draft_forwards: int = 0
     sources: list[str] | None = None        # [n] who proposed node i ("root", "model", "ngram");
                                             # None = the root, then the drafter's one source
+    expected_tokens: float | None = None    # the drafter's E(tokens kept this step), bonus
+                                            # included; None = it makes no prediction
 
 
 @runtime_checkable

@@ -18,11 +18,12 @@ import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Drafter
-from redwood.decode.governor import Governor, step_ms
+from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.errors import RedwoodError
+from redwood.plan.live_costs import LiveCosts
 from redwood.plan.tree import Tree
 
 METHODS = ("autoregressive", "chain", "specinfer", "sequoia")
@@ -81,7 +82,8 @@ class Stream:
 class Engine:
     def __init__(self, target, draft, tree: Tree | str | None = None,
                  draft_confidence: float = 0.0, drafter: Drafter | None = None,
-                 profile=None, fuse_prefill: bool = True):
+                 profile=None, fuse_prefill: bool = True, live_costs: bool = True,
+                 clock=time.perf_counter):
         """target, draft: transformers models or `Backend`s (redwood.backends). tree: the
         default tree for requests; draft_confidence: their default pruning threshold (see
         `stream`). Requests may override both. drafter: a `Drafter` to use instead of the
@@ -89,7 +91,10 @@ class Engine:
         (plan.formats.Profile); with it every speculative request is governed: it speculates
         only while that pays on this request (decode/governor.py). fuse_prefill: the
         requests' default for fusing the target's prefill into the first verification
-        (docs/design.md §5.4; False = a separate prefill forward, for A/B)."""
+        (docs/design.md §5.4; False = a separate prefill forward, for A/B). live_costs: with a
+        profile, correct its costs by what each request's forwards take (plan/live_costs.py;
+        False = the profile alone: seeded sampled requests then repeat token for token).
+        clock: seconds, for every timing (tests inject one)."""
         check_draft_confidence(draft_confidence)
         self.draft_confidence = float(draft_confidence)
         self.target, self.draft = target, draft
@@ -110,6 +115,9 @@ class Engine:
         self._owner = None                 # the live stream: backends hold one sequence
         self.profile = profile
         self.fuse_prefill = bool(fuse_prefill)
+        self.live_costs = bool(live_costs)
+        self._clock_fn = clock
+        self.last_costs: LiveCosts | None = None     # the latest request's, for inspection
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:
@@ -162,10 +170,7 @@ class Engine:
         first_logits, unrun = self._prefill(prompt, drafter, options.fuse_prefill)
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
-        governor = None
-        if drafter is not None and self.profile is not None:
-            plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
-            governor = Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms)
+        governor = self._governor(drafter)
 
         root, tokens, accepted, finish = int(prompt[-1]), [], [], None
         state.target, state.drafter, state.prompt = target, drafter, prompt
@@ -181,7 +186,8 @@ class Engine:
             elif drafter is None:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
             elif governor is not None and not governor.speculate():
-                new_tokens = self._autoregressive_step(root, params, generator, stats, unrun)
+                new_tokens = self._autoregressive_step(root, params, generator, stats, unrun,
+                                                       governor.costs)
                 drafter.skip(root)
                 stats.plain_steps += 1
             else:
@@ -220,14 +226,31 @@ class Engine:
         drafter.prefill(prompt[:-1])
         return None, (prompt[:-1] if fuse else None)
 
-    def _autoregressive_step(self, root, params, generator, stats, unrun=None):
+    def _governor(self, drafter) -> Governor | None:
+        """A speculative request's governor (with a profile), its costs live unless the
+        engine was built with live_costs=False; the drafter sizes its trees on the same costs."""
+        if drafter is None or self.profile is None:
+            return None
+        plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
+        costs = LiveCosts(self.profile.target_ms) if self.live_costs else None
+        self.last_costs = costs
+        for sizer in (drafter, getattr(drafter, "ngram", None)):     # hybrid: its n-gram part
+            if sizer is not None and hasattr(sizer, "costs"):
+                sizer.costs = costs
+        return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
+
+    def _autoregressive_step(self, root, params, generator, stats, unrun=None, costs=None):
         """One plain target token. unrun: prompt tokens the target has not run yet (a fused
-        request whose first step the governor made plain): they go first in the same forward."""
+        request whose first step the governor made plain): they go first in the same forward.
+        costs: a governed request's LiveCosts, which learns what a plain step costs."""
         ids = [root] if unrun is None else unrun.tolist() + [root]
         stats.fused_prefill = stats.fused_prefill or unrun is not None
         start = self._clock()
         logits = self.target_backend.append(ids, rows=1)
-        stats.target_seconds += self._clock() - start
+        seconds = self._clock() - start
+        stats.target_seconds += seconds
+        if costs is not None and unrun is None:
+            costs.record_target(1, seconds)
         return [self._sample_one(logits[0], params, generator)]
 
     def _speculative_step(self, root, layout, chooser, params, options, generator, stats,
@@ -249,7 +272,15 @@ class Engine:
         start = self._clock()
         target = self.target_backend
         logits = self._verify_forward(tree, proposal.tokens, unrun, stats)     # [n, V]
-        stats.target_seconds += self._clock() - start
+        verify_seconds = self._clock() - start
+        stats.target_seconds += verify_seconds
+        costs = governor.costs if governor is not None else None
+        if costs is not None:                    # what this request's forwards cost (live)
+            if unrun is None:
+                costs.record_target(len(tree), verify_seconds)
+            if proposal.draft_forwards:
+                costs.record_draft(draft_ms(self.profile, tree, proposal.draft_forwards),
+                                   proposal.draft_seconds)
 
         if params.greedy:
             path, bonus = verify_greedy(logits.argmax(dim=-1), proposal.tokens, tree)
@@ -266,7 +297,11 @@ class Engine:
                 source = proposal.sources[u]
                 stats.accepted_by_source[source] = stats.accepted_by_source.get(source, 0) + 1
         if governor is not None:
-            governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards))
+            governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards, costs))
+        if proposal.expected_tokens is not None:     # the drafter's prediction against the kept
+            stats.predicted_tokens += proposal.expected_tokens
+            stats.predicted_steps_tokens += len(path)
+            stats.predicted_steps += 1
         return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
 
     def _verify_forward(self, tree, tokens, unrun, stats):
@@ -301,7 +336,7 @@ class Engine:
     def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return self._clock_fn()
 
     def _validate(self, input_ids, params: SamplingParams, options: DecodeOptions) -> torch.Tensor:
         ids = torch.as_tensor(input_ids)

@@ -115,6 +115,7 @@ class NgramDrafter:
         self.max_continuations, self.max_length = int(max_continuations), int(max_length)
         self.model = model or AcceptanceModel()
         self.learn, self.clock = learn, clock
+        self.costs = None          # plan.live_costs.LiveCosts of the running request (the engine's)
         self.layouts: LayoutCache | None = None
         self.prefill(torch.empty(0, dtype=torch.long))
 
@@ -135,7 +136,9 @@ class NgramDrafter:
         limits = tree_limits(layout.tree)
         trie, taken, values = self.lookup(root, limits, bool(choose.greedy), min_confidence)
         n, _ = self.best_size(values, limits[0])
-        return self.proposal(trie, taken[:n - 1], layout, self.clock() - start)
+        proposal = self.proposal(trie, taken[:n - 1], layout, self.clock() - start)
+        proposal.expected_tokens = 1.0 + sum(values[:n - 1])
+        return proposal
 
     def lookup(self, root: int, limits: tuple[int, int, int], greedy: bool,
                min_confidence: float = 0.0):
@@ -210,9 +213,14 @@ class NgramDrafter:
 
     def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
         """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n.
-        Without target_ms every size costs 1."""
+        t(n) is the profile's, corrected by what the running request's forwards cost when the
+        engine gave live costs (plan/live_costs.py). Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
-        sizes = self.target_ms or {n: 1.0 for n in range(1, max_nodes + 1)}
+        if self.target_ms is None:
+            sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
+        else:
+            sizes = self.target_ms if self.costs is None else {
+                n: ms * self.costs.ratio(self.costs.size_key(n)) for n, ms in self.target_ms.items()}
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
             expected += values[n - 2] if n > 1 else 0.0
             if n in sizes:

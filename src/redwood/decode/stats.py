@@ -26,6 +26,11 @@ class StepStats:
     # the governor's live figures (decode/governor.py: speculative and plain steps, live tokens
     # per predicted ms against plain decoding's), updated every step; empty when ungoverned
     governor: dict = field(default_factory=dict)
+    # the drafter's own prediction against what the target kept, over the speculative steps
+    # whose drafter predicted (Proposal.expected_tokens: the n-gram drafter's E(n))
+    predicted_tokens: float = 0.0     # sum of predicted tokens kept (bonus included)
+    predicted_steps_tokens: int = 0   # sum of tokens kept on those steps
+    predicted_steps: int = 0
 
     @property
     def decode_seconds(self) -> float:
@@ -35,6 +40,15 @@ class StepStats:
     def draft_tokens_per_step(self) -> float:
         """Mean number of draft tokens the target checked per step (the tree size, pruned)."""
         return self.tree_nodes / self.target_forwards if self.target_forwards else 0.0
+
+    def predicted_vs_observed(self) -> dict:
+        """Tokens per step the drafter predicted and the target kept, on the steps it predicted
+        (empty when it never did): the calibration check of its acceptance estimates."""
+        if not self.predicted_steps:
+            return {}
+        return {"steps": self.predicted_steps,
+                "predicted_tokens_per_step": self.predicted_tokens / self.predicted_steps,
+                "observed_tokens_per_step": self.predicted_steps_tokens / self.predicted_steps}
 
     def acceptance_by_depth(self) -> list[float]:
         """Fraction of steps that accepted a draft token at depth 1, 2, ... of the tree."""
@@ -79,4 +93,5 @@ class GenerationResult:
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
             "accepted_by_source": dict(self.stats.accepted_by_source),
             "governor": dict(self.stats.governor),
+            "predicted_vs_observed": self.stats.predicted_vs_observed(),
         }

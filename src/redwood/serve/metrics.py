@@ -59,6 +59,22 @@ class ServerMetrics:
             "(a step's duration divided over the tokens it yielded)", buckets=_TOKEN_BUCKETS,
             registry=r)
 
+        self.predicted_tokens = Counter(
+            "redwood_drafter_predicted_tokens", "Tokens the drafter predicted its steps would "
+            "keep (bonus included), over the steps it made a prediction for", registry=r)
+        self.predicted_observed_tokens = Counter(
+            "redwood_drafter_observed_tokens", "Tokens the target kept on those same steps "
+            "(compare with redwood_drafter_predicted_tokens_total)", registry=r)
+        self.predicted_steps = Counter(
+            "redwood_drafter_predicted_steps", "Speculative steps the drafter predicted",
+            registry=r)
+
+    def observe_prediction(self, stats) -> None:
+        """A finished request's drafter predictions against what the target kept (StepStats)."""
+        self.predicted_tokens.inc(stats.predicted_tokens)
+        self.predicted_observed_tokens.inc(stats.predicted_steps_tokens)
+        self.predicted_steps.inc(stats.predicted_steps)
+
     def count_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 

@@ -183,7 +183,9 @@ class GenerationWorker:
                                plain_steps=result.stats.plain_steps,
                                accepted_by_source=dict(result.stats.accepted_by_source),
                                governor={k: round(v, 6) if isinstance(v, float) else v
-                                         for k, v in result.stats.governor.items()})
+                                         for k, v in result.stats.governor.items()},
+                               predicted_vs_observed=result.stats.predicted_vs_observed())
+            self.metrics.observe_prediction(result.stats)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(req.prompt_ids), completion_tokens=text.n_tokens,
                        speculative=speculative)

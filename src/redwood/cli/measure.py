@@ -343,6 +343,19 @@ def _add_bench(sub):
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--machine", default=None, help="name in the output files (default cpu-<N>core)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--servers", nargs="+", default=None, metavar="METHOD",
+                   help="benchmark servers through one HTTP client instead: llama-server "
+                   "(plain; always included as the baseline), llama-server-spec-default, "
+                   "llama-server-ngram-map-k, llama-server-ngram-simple, llama-server-draft, "
+                   "llama-server-draft-p75, redwood, redwood-batch1, redwood-ngram, redwood-auto. "
+                   "Natural stop; defaults: --prompt-set chat humaneval whole_file, --prompts "
+                   "10, --max-new-tokens 512 (max_tokens), --temperatures 0")
+    p.add_argument("--rounds", type=int, default=3, help="--servers: rounds (default 3)")
+    p.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="--servers: the llama-server binary (default: $REDWOOD_LLAMA_SERVER, "
+                   "else what `make llama-server` built in .venv/llama-server)")
+    p.add_argument("--stream", action="store_true",
+                   help="--servers: stream the answers (also records time to first token)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -374,9 +387,29 @@ def _bench_backend(args) -> str:
     return choose_backend(args.backend, args.target, args.draft, args.device)
 
 
+def _cmd_bench_servers(args):
+    from redwood.bench.server_bench import ServerBenchConfig
+    from redwood.bench.server_run import run_servers_command
+
+    config = ServerBenchConfig(
+        methods=list(args.servers), prompt_sets=tuple(args.prompt_sets or
+                                                      ("chat", "humaneval", "whole_file")),
+        prompts=args.prompts or 10, rounds=args.rounds,
+        temperatures=tuple(args.temperatures or (0.0,)),
+        max_tokens=args.max_new_tokens or 512, seed=args.seed, stream=args.stream,
+        out_dir=args.out_dir, machine=args.machine)
+    paths = run_servers_command(config, args.llama_server, args.target, args.draft,
+                                _bench_command(args))
+    print("wrote " + ", ".join(paths.values()))
+    return 0
+
+
 def _cmd_bench(args):
     from redwood.bench.config import config_from_options
     from redwood.bench.run import run_command
+
+    if args.servers:
+        return _cmd_bench_servers(args)
 
     options = {key: getattr(args, key) for key in (
         "prompts", "max_new_tokens", "temperatures", "top_ps", "methods", "hf_constant_grid",

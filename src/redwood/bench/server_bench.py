@@ -1,0 +1,140 @@
+"""`redwood bench --servers ...`: servers against servers, through one HTTP client.
+
+Every method is a server process (bench.server_specs: llama-server plain and its speculative
+modes, redwood serve's default and drafters) started once, all up at once on loopback ports
+(the GGUF weights are memory-mapped, so the processes share one copy). Then, per round, per
+temperature, per prompt, every method answers the same /v1/completions request (token-id
+prompt, natural stop at EOS or max_tokens, `cache_prompt: false`, samplers neutral except
+temperature), in an order that rotates from prompt to prompt and round to round, so drift of a
+shared machine spreads over every method. The client times each request end to end
+(bench.http_client). One request at a time: idle servers sleep (nothing else runs while one
+answers). bench.server_report turns the records into ratios to plain llama-server.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redwood.bench.http_client import complete
+from redwood.bench.server_process import ServerProcess, free_port
+from redwood.bench.server_specs import ServerSetup, check_methods, command
+from redwood.errors import RedwoodError
+
+
+@dataclass
+class ServerBenchConfig:
+    methods: list[str]
+    prompt_sets: tuple[str, ...] = ("chat", "humaneval", "whole_file")
+    prompts: int = 10
+    rounds: int = 3
+    temperatures: tuple[float, ...] = (0.0,)
+    max_tokens: int = 512
+    seed: int = 0
+    stream: bool = False
+    out_dir: str = "benchmarks/results"
+    machine: str | None = None
+    log_dir: str | None = None             # server logs (default: <out_dir>/server-logs)
+
+    def check(self) -> None:
+        if self.prompts < 1 or self.rounds < 1 or self.max_tokens < 1:
+            raise RedwoodError("--prompts, --rounds and --max-new-tokens must be at least 1")
+        if not self.temperatures or any(not 0 <= t <= 2 for t in self.temperatures):
+            raise RedwoodError("--temperatures must be in [0, 2]")
+        check_methods(self.methods)
+
+
+@dataclass
+class Record:
+    """One request of the run."""
+    round: int
+    prompt_set: str
+    prompt: str
+    temperature: float
+    method: str
+    order: int                             # its place among the methods for this prompt
+    prompt_tokens: int
+    wall_seconds: float
+    completion_tokens: int
+    finish_reason: str | None
+    ttft_seconds: float | None
+    text: str
+    load_average: float
+    extra: dict = field(default_factory=dict)
+
+
+def request_body(ids, temperature: float, seed: int, max_tokens: int, stream: bool) -> dict:
+    """The body every server gets: a token-id prompt, neutral samplers but temperature (no
+    top-k/min-p/typical/repetition penalty: llama-server's defaults would change the law),
+    no prompt cache (every request evaluates its whole prompt), natural stop."""
+    body = {"prompt": [int(t) for t in ids], "max_tokens": int(max_tokens),
+            "temperature": float(temperature), "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+            "typical_p": 1.0, "repeat_penalty": 1.0, "seed": int(seed),
+            "cache_prompt": False, "stream": bool(stream)}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def rotated(items: list, shift: int) -> list:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def start_servers(methods, setup: ServerSetup, log_dir: Path, progress=print) -> dict:
+    """{name: started ServerProcess}; on a failure every started one is stopped."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for method in methods:
+            port = free_port()
+            server = ServerProcess(method.name, command(method, setup, port), port,
+                                   log_dir / f"{method.name}.log")
+            progress(f"starting {method.name}: {' '.join(server.argv)}")
+            servers[method.name] = server.start(progress)
+            progress(f"  up in {server.started_seconds:.1f} s")
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: dict) -> None:
+    for server in servers.values():
+        server.stop()
+
+
+def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
+                 progress=print) -> list[Record]:
+    """Every round x temperature x prompt x method, methods rotating per prompt; a warm-up
+    request per server first (untimed)."""
+    names = list(urls)
+    if not prompts:
+        raise RedwoodError("no prompts to run")
+    for name in names:                                          # untimed warm-up
+        complete(urls[name], request_body(prompts[0].ids[:16], 0.0, 0, 4, False))
+    records: list[Record] = []
+    total = config.rounds * len(config.temperatures) * len(prompts) * len(names)
+    start = time.perf_counter()
+    for r in range(config.rounds):
+        for temperature in config.temperatures:
+            for i, prompt in enumerate(prompts):
+                body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
+                                    config.stream)
+                for order, name in enumerate(rotated(names, i + r)):
+                    reply = complete(urls[name], body)
+                    tokens = reply.completion_tokens
+                    if tokens is None:
+                        raise RedwoodError(f"{name} gave no usage.completion_tokens")
+                    records.append(Record(r, prompt.prompt_set, prompt.name, temperature, name,
+                                          order, int(len(prompt.ids)), reply.wall_seconds,
+                                          int(tokens), reply.finish_reason, reply.ttft_seconds,
+                                          reply.text, os.getloadavg()[0], reply.extra))
+                done = len(records)
+                elapsed = time.perf_counter() - start
+                progress(f"round {r + 1}/{config.rounds} T={temperature:g} {prompt.name}: "
+                         + ", ".join(f"{rec.method} {rec.completion_tokens / rec.wall_seconds:.1f}"
+                                     for rec in records[-len(names):])
+                         + f" tok/s  [{done}/{total}, {elapsed / 60:.1f} min, "
+                           f"~{elapsed / done * (total - done) / 60:.1f} min left]")
+    return records

@@ -1,0 +1,135 @@
+"""Ratios to plain llama-server from a server benchmark's records (bench.server_bench), and the
+markdown table.
+
+Per prompt and method: the minimum and the median of its end-to-end times over the rounds.
+The ratio on a prompt is the method's end-to-end rate (completion tokens / wall time, prefill
+included) over plain llama-server's on the same prompt at the same temperature, from the
+minima (the primary figure: each method at its least disturbed) and from the medians. With the
+same tokens (greedy, identical outputs) it is exactly the time ratio; at T > 0 answers differ in
+length and the rate keeps the comparison per token. Over a set: the median over prompts and
+the worst prompt. A round whose baseline rate strays more than STRAY from the baseline's median
+over rounds (on the median prompt) is flagged: the machine was busy then.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from redwood.bench.server_specs import BASELINE, METHODS
+
+STRAY = 0.10
+
+
+def _by(records, *keys):
+    groups = defaultdict(list)
+    for r in records:
+        groups[tuple(getattr(r, k) for k in keys)].append(r)
+    return groups
+
+
+def per_prompt(records) -> dict:
+    """{(set, T, prompt, method): {"min_wall", "median_wall", "tokens" (of the fastest round),
+    "rate_min", "rate_median"}}."""
+    out = {}
+    for key, group in _by(records, "prompt_set", "temperature", "prompt", "method").items():
+        walls = sorted(r.wall_seconds for r in group)
+        best = min(group, key=lambda r: r.wall_seconds)
+        tokens = statistics.median(r.completion_tokens for r in group)
+        out[key] = {"min_wall": walls[0], "median_wall": statistics.median(walls),
+                    "tokens": best.completion_tokens, "rounds": len(group),
+                    "rate_min": best.completion_tokens / best.wall_seconds,
+                    "rate_median": tokens / statistics.median(walls)}
+    return out
+
+
+def ratios(records, baseline: str = BASELINE) -> dict:
+    """{(set, T, method): {"min": {"median", "worst", "per_prompt"}, "median": {...},
+    "identical": k of n (T = 0), "tokens_per_s", ...}} against `baseline`."""
+    cells, texts = per_prompt(records), _texts(records)
+    summary = {}
+    for (prompt_set, t, prompt, method), cell in cells.items():
+        base = cells.get((prompt_set, t, prompt, baseline))
+        if base is None:
+            continue
+        entry = summary.setdefault((prompt_set, t, method), {"min": [], "median": [],
+                                                             "identical": 0, "prompts": 0,
+                                                             "rates": [], "tokens": []})
+        entry["min"].append(cell["rate_min"] / base["rate_min"])
+        entry["median"].append(cell["rate_median"] / base["rate_median"])
+        entry["rates"].append(cell["rate_min"])
+        entry["tokens"].append(cell["tokens"])
+        entry["prompts"] += 1
+        if texts.get((prompt_set, t, prompt, method)) == texts.get((prompt_set, t, prompt, baseline)):
+            entry["identical"] += 1
+    for entry in summary.values():
+        for kind in ("min", "median"):
+            values = entry[kind]
+            entry[kind] = {"median": statistics.median(values), "worst": min(values),
+                           "per_prompt": values}
+        entry["tokens_per_s"] = statistics.median(entry.pop("rates"))
+        entry["median_tokens"] = statistics.median(entry.pop("tokens"))
+    return summary
+
+
+def _texts(records) -> dict:
+    """The first round's text per (set, T, prompt, method): greedy outputs should agree."""
+    out = {}
+    for r in records:
+        if r.round == 0:
+            out[(r.prompt_set, r.temperature, r.prompt, r.method)] = r.text
+    return out
+
+
+def stray_rounds(records, baseline: str = BASELINE) -> list[dict]:
+    """Rounds whose baseline rate (median over its prompts) is more than STRAY from the median
+    over rounds."""
+    rates = {}
+    for (rnd,), group in _by([r for r in records if r.method == baseline], "round").items():
+        rates[rnd] = statistics.median(r.completion_tokens / r.wall_seconds for r in group)
+    if len(rates) < 2:
+        return []
+    middle = statistics.median(rates.values())
+    return [{"round": rnd, "baseline_tokens_per_s": rate, "median_tokens_per_s": middle}
+            for rnd, rate in sorted(rates.items()) if abs(rate / middle - 1.0) > STRAY]
+
+
+def speculation_figures(records) -> dict:
+    """{method: {"tokens_per_forward": ...}} from what the servers report: llama-server's
+    timings (draft_n, draft_n_accepted) and redwood's stats (tokens_per_target_forward)."""
+    out = {}
+    for (method,), group in _by(records, "method").items():
+        drafted = accepted = 0
+        per_forward = []
+        for r in group:
+            timings = r.extra.get("timings") or {}
+            drafted += int(timings.get("draft_n") or 0)
+            accepted += int(timings.get("draft_n_accepted") or 0)
+            stats = r.extra.get("redwood") or {}
+            if stats.get("tokens_per_target_forward"):
+                per_forward.append(stats["tokens_per_target_forward"])
+        entry = {}
+        if drafted:
+            entry["draft_acceptance"] = accepted / drafted
+        if per_forward:
+            entry["tokens_per_forward"] = statistics.median(per_forward)
+        if entry:
+            out[method] = entry
+    return out
+
+
+def markdown_table(summary: dict, methods: list[str], sets: list[str], temperatures) -> str:
+    """One row per method, one column per set; cells 'median (worst)' of the per-prompt ratios
+    from the minima over rounds, one per temperature (T0 / T0.6 ...)."""
+    lines = ["| method | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+    for method in methods:
+        cells = []
+        for s in sets:
+            parts = []
+            for t in temperatures:
+                entry = summary.get((s, t, method))
+                parts.append("-" if entry is None else
+                             f"{entry['min']['median']:.2f} ({entry['min']['worst']:.2f})")
+            cells.append(" / ".join(parts))
+        label = METHODS[method].description if method in METHODS else method
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

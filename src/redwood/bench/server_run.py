@@ -1,0 +1,179 @@
+"""`redwood bench --servers METHOD ...`: set up, run (bench.server_bench), write the results
+(bench.server_report): <machine>-servers-<date>.json (summary, how it was made),
+.raw.json (every request) and .md (the table), under --out-dir."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from redwood.bench.server_bench import ServerBenchConfig, run_requests, start_servers, stop_servers
+from redwood.bench.server_report import (markdown_table, ratios, speculation_figures,
+                                         stray_rounds)
+from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
+from redwood.errors import RedwoodError
+
+DEFAULT_LLAMA_SERVER = Path(".venv/llama-server/build/bin/llama-server")
+
+
+def find_llama_server(given: str | None) -> str | None:
+    """--llama-server, else $REDWOOD_LLAMA_SERVER, else what `make llama-server` built."""
+    for candidate in (given, os.environ.get("REDWOOD_LLAMA_SERVER"), DEFAULT_LLAMA_SERVER):
+        if candidate and Path(candidate).is_file():
+            return str(Path(candidate).resolve())
+        if candidate == given and given:
+            raise RedwoodError(f"--llama-server {given} does not exist")
+    return None
+
+
+def cpu_description() -> dict:
+    """The CPU model, its flags and the llama-server build, for the report."""
+    info = {"model": platform.processor() or platform.machine(), "flags": "", "cores": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and info["flags"] == "":
+                info["model"] = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                info["flags"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+            if f in info["flags"].split()]
+    info["simd"] = simd
+    return info
+
+
+class _Tokenizing:
+    """What bench.prompt_sets needs of a pair: a tokenizer and raw-text encoding."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, texts):
+        from redwood.prompts import encode_prompt
+
+        return [encode_prompt(self.tokenizer, text) for text in texts]
+
+
+def _setup(llama_server: str | None, target: str | None, draft: str | None):
+    """(ServerSetup, tokenizer) for the shipped pair or explicit GGUF files."""
+    from redwood.models.hf_loading import load_tokenizer
+    from redwood.backends.llamacpp import free_cores
+
+    if (target is None) != (draft is None):
+        raise RedwoodError("give both --target and --draft, or neither (the shipped pair)")
+    if target is None:
+        from redwood.models.shipped import shipped_gguf_pair, shipped_tokenizer_dir
+
+        target_path, draft_path = shipped_gguf_pair()
+        tokenizer = load_tokenizer(shipped_tokenizer_dir())
+        model_args: tuple[str, ...] = ()
+    else:
+        target_path, draft_path = target, draft
+        tokenizer = load_tokenizer(target)
+        model_args = ("--target", str(target), "--draft", str(draft))
+    return ServerSetup(str(target_path), str(draft_path), free_cores(),
+                       llama_server=llama_server, redwood_model_args=model_args), tokenizer
+
+
+def run_servers_command(config: ServerBenchConfig, llama_server: str | None = None,
+                        target: str | None = None, draft: str | None = None,
+                        command_line: str = "") -> dict:
+    from redwood.bench.prompt_sets import describe_sets, load_prompt_sets
+
+    config.check()
+    methods = check_methods(config.methods)
+    binary = find_llama_server(llama_server)
+    setup, tokenizer = _setup(binary, target, draft)
+    prompts, notes = load_prompt_sets(_Tokenizing(tokenizer), config.prompt_sets, config.prompts)
+    out_dir = Path(config.out_dir)
+    log_dir = Path(config.log_dir) if config.log_dir else out_dir / "server-logs"
+    servers = start_servers(methods, setup, log_dir)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        records = run_requests(config, prompts, {name: s.url for name, s in servers.items()})
+    finally:
+        stop_servers(servers)
+    doc = summarise(config, methods, records, setup, describe_sets(prompts), notes)
+    doc.update(command=command_line, started=started, finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+    return write(config, doc, records)
+
+
+def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> dict:
+    summary = ratios(records)
+    names = [m.name for m in methods]
+    return {
+        "kind": "server-bench", "format": 1, "cpu": cpu_description(),
+        "load_average_max": max(r.load_average for r in records),
+        "config": dataclasses.asdict(config), "setup": dataclasses.asdict(setup),
+        "methods": {n: METHODS[n].description for n in names}, "baseline": BASELINE,
+        "prompt_sets": sets, "notes": notes, "llama_server_build": _build_info(setup),
+        "stray_rounds": stray_rounds(records), "speculation": speculation_figures(records),
+        "table": markdown_table(summary, names, list(config.prompt_sets), config.temperatures),
+        "results": [{"prompt_set": s, "temperature": t, "method": m, **entry}
+                    for (s, t, m), entry in sorted(summary.items())],
+    }
+
+
+def _build_info(setup: ServerSetup) -> dict:
+    if not setup.llama_server:
+        return {}
+    build = Path(setup.llama_server).parents[2] / "build.json"
+    info = json.loads(build.read_text()) if build.is_file() else {}
+    try:
+        out = subprocess.run([setup.llama_server, "--version"], capture_output=True, text=True,
+                             timeout=30)
+        info["version"] = (out.stdout + out.stderr).strip().splitlines()[-2:]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def write(config: ServerBenchConfig, doc: dict, records) -> dict:
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{config.machine or 'cpu-%dcore' % (os.cpu_count() or 1)}-servers-{time.strftime('%Y-%m-%d')}"
+    paths = {"json": out_dir / f"{stem}.json", "raw": out_dir / f"{stem}.raw.json",
+             "markdown": out_dir / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["raw"].write_text(json.dumps([dataclasses.asdict(r) for r in records], indent=1) + "\n")
+    paths["markdown"].write_text(render_markdown(doc))
+    print(doc["table"])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def render_markdown(doc: dict) -> str:
+    cpu = doc["cpu"]
+    temps = " / ".join(f"T = {t:g}" for t in doc["config"]["temperatures"])
+    lines = [f"# Servers through one HTTP client ({doc['started']})", "",
+             f"`{doc['command']}`", "",
+             f"- cpu: {cpu['model']}, {cpu['cores']} cores, SIMD {', '.join(cpu['simd']) or '-'}",
+             f"- highest 1-min load average seen: {doc['load_average_max']:.2f}",
+             f"- llama-server build: {doc['llama_server_build']}",
+             f"- {doc['config']['rounds']} rounds, methods rotating per prompt, natural stop "
+             f"(max_tokens {doc['config']['max_tokens']}), one request at a time", "",
+             f"## Results", "",
+             f"× plain llama-server, end-to-end rate (completion tokens / request wall time, "
+             f"prefill included) from each method's fastest round per prompt: median over "
+             f"prompts (worst prompt), {temps}", "", doc["table"], ""]
+    if doc["stray_rounds"]:
+        lines += ["Rounds whose plain llama-server rate strayed > 10 % from its median: "
+                  + ", ".join(f"round {s['round']} ({s['baseline_tokens_per_s']:.1f} vs "
+                              f"{s['median_tokens_per_s']:.1f} tok/s)" for s in doc["stray_rounds"]), ""]
+    lines += ["## Per set", "", "| set | T | method | tok/s (median prompt) | × median rounds | "
+              "identical to plain | median tokens |", "|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        lines.append(f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | "
+                     f"{r['tokens_per_s']:.1f} | {r['median']['median']:.2f} "
+                     f"({r['median']['worst']:.2f}) | {r['identical']}/{r['prompts']} | "
+                     f"{r['median_tokens']:g} |")
+    if doc["speculation"]:
+        lines += ["", "Speculation as the servers report it: " + "; ".join(
+            f"{m}: " + ", ".join(f"{k} {v:.2f}" for k, v in e.items())
+            for m, e in doc["speculation"].items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,161 @@
+"""`redwood bench --servers`: its command lines, its one HTTP client, its server processes, the
+interleaved request loop and the ratios, against stub OpenAI servers (no llama-server build)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from redwood.bench.http_client import complete, get_json
+from redwood.bench.prompt_sets import BenchPrompt
+from redwood.bench.server_bench import Record, ServerBenchConfig, request_body, run_requests
+from redwood.bench.server_process import ServerProcess, free_port
+from redwood.bench.server_report import markdown_table, ratios, stray_rounds
+from redwood.bench.server_specs import METHODS, ServerSetup, check_methods, command
+from redwood.errors import RedwoodError
+from stub_openai import serve_in_thread
+
+STUB = str(Path(__file__).with_name("stub_openai.py"))
+SETUP = ServerSetup("/m/target.gguf", "/m/draft.gguf", 2, 4096, "/bin/llama-server")
+
+
+def test_llama_server_command_lines():
+    plain = command(METHODS["llama-server"], SETUP, 8123)
+    assert plain[:3] == ["/bin/llama-server", "-m", "/m/target.gguf"]
+    for flag, value in (("-t", "2"), ("-tb", "2"), ("-c", "4096"), ("-np", "1"),
+                        ("--host", "127.0.0.1"), ("--port", "8123")):
+        assert plain[plain.index(flag) + 1] == value
+    assert "-md" not in plain and "--spec-type" not in plain
+    draft = command(METHODS["llama-server-draft-p75"], SETUP, 1)
+    assert draft[draft.index("-md") + 1] == "/m/draft.gguf"
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple"
+    assert draft[draft.index("--spec-draft-p-min") + 1] == "0.75"
+    assert "--spec-default" in command(METHODS["llama-server-spec-default"], SETUP, 1)
+
+
+def test_redwood_command_lines():
+    argv = command(METHODS["redwood-ngram"], SETUP, 9000)
+    assert argv[:4] == [sys.executable, "-m", "redwood.cli", "serve"]
+    assert argv[argv.index("--drafter") + 1] == "ngram" and argv[argv.index("--max-batch") + 1] == "1"
+    assert "--max-batch" not in command(METHODS["redwood"], SETUP, 9000)
+    custom = ServerSetup("t.gguf", "d.gguf", 2, redwood_model_args=("--target", "t.gguf",
+                                                                   "--draft", "d.gguf"))
+    assert command(METHODS["redwood"], custom, 1)[4:8] == ["--target", "t.gguf", "--draft", "d.gguf"]
+
+
+def test_methods_checked_and_baseline_first():
+    assert [m.name for m in check_methods(["redwood", "llama-server-ngram-map-k"])] == [
+        "llama-server", "redwood", "llama-server-ngram-map-k"]
+    with pytest.raises(RedwoodError, match="unknown server method"):
+        check_methods(["vllm"])
+    with pytest.raises(RedwoodError, match="twice"):
+        check_methods(["redwood", "redwood"])
+    with pytest.raises(RedwoodError, match="make llama-server"):
+        command(METHODS["llama-server"], ServerSetup("t", "d", 2), 1)
+
+
+def test_request_body_is_neutral_and_uncached():
+    body = request_body(torch.tensor([3, 4]), 0.6, 7, 100, stream=True)
+    assert body["prompt"] == [3, 4] and body["cache_prompt"] is False
+    assert (body["top_k"], body["min_p"], body["top_p"], body["repeat_penalty"]) == (0, 0.0, 1.0, 1.0)
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_client_times_plain_and_streamed_requests():
+    seen = []
+    server, url = serve_in_thread(0.01, tokens=5, seen=seen)
+    try:
+        assert get_json(url, "/health")[0] == 200
+        plain = complete(url, request_body([1, 2, 3], 0.0, 0, 50, False))
+        assert plain.completion_tokens == 5 and plain.text == "xxxxx"
+        assert plain.wall_seconds >= 0.05 and plain.ttft_seconds is None
+        assert plain.extra["timings"]["draft_n_accepted"] == 3
+        streamed = complete(url, request_body([1, 2, 3], 0.0, 0, 50, True))
+        assert streamed.completion_tokens == 5 and streamed.text == "xxxxx"
+        assert 0.0 < streamed.ttft_seconds < streamed.wall_seconds
+        assert seen[0]["prompt"] == [1, 2, 3]
+        with pytest.raises(RedwoodError, match="HTTP 400"):
+            complete(url, {"prompt": "text", "max_tokens": 1})
+    finally:
+        server.shutdown()
+    assert get_json("http://127.0.0.1:%d" % free_port(), "/health") == (0, None)
+
+
+def test_server_process_waits_for_health_and_stops(tmp_path):
+    port = free_port()
+    server = ServerProcess("stub", [sys.executable, STUB, str(port), "0", "3", "0.8"], port,
+                           tmp_path / "stub.log", startup_timeout=60)
+    with server.start():
+        assert server.started_seconds >= 0.8          # it answered 503 until then
+        assert complete(server.url, request_body([1], 0.0, 0, 3, False)).completion_tokens == 3
+    assert server.process is None
+
+
+def test_server_process_that_dies_reports_its_log(tmp_path):
+    argv = [sys.executable, "-c", "import sys; print('bad model file'); sys.exit(3)"]
+    with pytest.raises(RedwoodError, match="exited with code 3(.|\n)*bad model file"):
+        ServerProcess("broken", argv, free_port(), tmp_path / "b.log", startup_timeout=60).start()
+
+
+def test_interleaved_rounds_and_ratios_against_stubs():
+    slow, slow_url = serve_in_thread(0.004, tokens=6)
+    fast, fast_url = serve_in_thread(0.002, tokens=6)
+    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
+               for i in range(3)]
+    config = ServerBenchConfig(methods=["redwood-ngram"], rounds=2, temperatures=(0.0, 0.6),
+                               max_tokens=6)
+    try:
+        records = run_requests(config, prompts, {"llama-server": slow_url,
+                                                 "redwood-ngram": fast_url}, progress=lambda s: None)
+    finally:
+        slow.shutdown()
+        fast.shutdown()
+    assert len(records) == 2 * 2 * 3 * 2
+    first = {(r.round, r.temperature, r.prompt): r.method for r in records if r.order == 0}
+    assert len(set(first.values())) == 2               # the order rotates
+    summary = ratios(records)
+    cell = summary[("chat", 0.0, "redwood-ngram")]
+    assert cell["prompts"] == 3 and cell["identical"] == 3
+    assert 1.3 < cell["min"]["median"] < 3.0 and cell["min"]["worst"] > 1.2
+    assert summary[("chat", 0.6, "llama-server")]["min"]["median"] == 1.0
+    table = markdown_table(summary, ["llama-server", "redwood-ngram"], ["chat"], (0.0, 0.6))
+    assert "redwood serve --max-batch 1 --drafter ngram" in table and " / " in table
+
+
+def _record(round_, method, wall, tokens=10):
+    return Record(round_, "chat", "p0", 0.0, method, 0, 5, wall, tokens, "stop", None, "t", 1.0)
+
+
+def test_stray_rounds_flagged():
+    records = [_record(0, "llama-server", 1.0), _record(1, "llama-server", 1.02),
+               _record(2, "llama-server", 1.5), _record(2, "redwood", 1.0)]
+    strays = stray_rounds(records)
+    assert [s["round"] for s in strays] == [2]
+    summary = ratios(records)
+    assert summary[("chat", 0.0, "redwood")]["min"]["median"] == pytest.approx(1.0)
+
+
+def test_config_checks():
+    with pytest.raises(RedwoodError):
+        ServerBenchConfig(methods=["redwood"], rounds=0).check()
+    with pytest.raises(RedwoodError):
+        ServerBenchConfig(methods=["nope"]).check()
+
+
+def test_results_written_with_cpu_and_tables(tmp_path):
+    from redwood.bench.server_run import render_markdown, summarise, write
+
+    records = [_record(r, m, w) for r in range(3) for m, w in (("llama-server", 1.0),
+                                                               ("redwood-ngram", 0.8))]
+    config = ServerBenchConfig(methods=["redwood-ngram"], prompt_sets=("chat",),
+                               out_dir=str(tmp_path), machine="test")
+    doc = summarise(config, check_methods(config.methods), records,
+                    ServerSetup("t", "d", 2), {"chat": {"prompts": 1}}, [])
+    doc.update(command="redwood bench --servers redwood-ngram", started="now", finished="now")
+    paths = write(config, doc, records)
+    text = Path(paths["markdown"]).read_text()
+    assert "1.25 (1.25)" in text and "- cpu: " in text and doc["cpu"]["model"]
+    assert Path(paths["raw"]).read_text().count('"wall_seconds"') == 6
+    assert render_markdown(doc) == text

@@ -159,3 +159,29 @@ def test_results_written_with_cpu_and_tables(tmp_path):
     assert "1.25 (1.25)" in text and "- cpu: " in text and doc["cpu"]["model"]
     assert Path(paths["raw"]).read_text().count('"wall_seconds"') == 6
     assert render_markdown(doc) == text
+
+
+def test_unequal_lengths_compared_at_the_methods_length():
+    from redwood.bench.server_report import prompt_ratio
+
+    base = {"min_wall": 10.0, "tokens": 100, "median_wall": 10.0, "median_tokens": 100,
+            "decode_s_per_token": 0.03, "rate_min": 10.0, "rate_median": 10.0}
+    same = dict(base, min_wall=8.0, median_wall=8.0, decode_s_per_token=None)
+    assert prompt_ratio(base, same, "min") == pytest.approx(1.25)
+    longer = dict(same, tokens=200, median_tokens=200, rate_min=25.0, rate_median=25.0)
+    assert prompt_ratio(base, longer, "min") == pytest.approx(13.0 / 8.0)
+    untimed = dict(base, decode_s_per_token=None)
+    assert prompt_ratio(untimed, longer, "median") == pytest.approx(25.0 / 10.0)
+
+
+def test_paused_server_answers_only_after_resume(tmp_path):
+    port = free_port()
+    server = ServerProcess("stub", [sys.executable, STUB, str(port), "0"], port,
+                           tmp_path / "stub.log", startup_timeout=60)
+    with server.start():
+        server.pause()
+        assert get_json(server.url, "/health", timeout=0.5) == (0, None)
+        server.resume()
+        assert get_json(server.url, "/health", timeout=5.0)[0] == 200
+        server.pause()                                   # stop() must end a paused process
+    assert server.process is None

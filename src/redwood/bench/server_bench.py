@@ -7,8 +7,10 @@ temperature, per prompt, every method answers the same /v1/completions request (
 prompt, natural stop at EOS or max_tokens, `cache_prompt: false`, samplers neutral except
 temperature), in an order that rotates from prompt to prompt and round to round, so drift of a
 shared machine spreads over every method. The client times each request end to end
-(bench.http_client). One request at a time: idle servers sleep (nothing else runs while one
-answers). bench.server_report turns the records into ratios to plain llama-server.
+(bench.http_client). One request at a time, and every other server is paused (SIGSTOP) while
+one answers: with five idle servers up, their poll loops and thread pools slowed the one at work
+by about 10 % on 2 cores. bench.server_report turns the records into ratios to plain
+llama-server.
 """
 from __future__ import annotations
 
@@ -105,10 +107,12 @@ def stop_servers(servers: dict) -> None:
 
 
 def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
-                 progress=print) -> list[Record]:
+                 progress=print, servers: dict | None = None) -> list[Record]:
     """Every round x temperature x prompt x method, methods rotating per prompt; a warm-up
-    request per server first (untimed)."""
+    request per server first (untimed). servers: {name: ServerProcess} to pause while another
+    answers (None: nothing paused, e.g. servers this process does not own)."""
     names = list(urls)
+    servers = servers or {}
     if not prompts:
         raise RedwoodError("no prompts to run")
     for name in names:                                          # untimed warm-up
@@ -122,7 +126,7 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                 body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
                                     config.stream)
                 for order, name in enumerate(rotated(names, i + r)):
-                    reply = complete(urls[name], body)
+                    reply = _alone(name, servers, lambda: complete(urls[name], body))
                     tokens = reply.completion_tokens
                     if tokens is None:
                         raise RedwoodError(f"{name} gave no usage.completion_tokens")
@@ -138,3 +142,15 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                          + f" tok/s  [{done}/{total}, {elapsed / 60:.1f} min, "
                            f"~{elapsed / done * (total - done) / 60:.1f} min left]")
     return records
+
+
+def _alone(name: str, servers: dict, call):
+    """call() with every server but `name` paused."""
+    others = [s for n, s in servers.items() if n != name]
+    for server in others:
+        server.pause()
+    try:
+        return call()
+    finally:
+        for server in others:
+            server.resume()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -64,10 +65,21 @@ class ServerProcess:
                 next_note = now + 30.0
             time.sleep(0.25)
 
+    def pause(self) -> None:
+        """SIGSTOP: an idle server takes no CPU at all (no poll loop, no spinning thread pool)
+        while another one is timed; resume() lets it go on exactly where it was."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        os.kill(process.pid, signal.SIGCONT)            # a paused process cannot terminate
         process.terminate()
         try:
             process.wait(timeout=20)

@@ -2,12 +2,14 @@
 markdown table.
 
 Per prompt and method: the minimum and the median of its end-to-end times over the rounds.
-The ratio on a prompt is the method's end-to-end rate (completion tokens / wall time, prefill
-included) over plain llama-server's on the same prompt at the same temperature, from the
-minima (the primary figure: each method at its least disturbed) and from the medians. With the
-same tokens (greedy, identical outputs) it is exactly the time ratio; at T > 0 answers differ in
-length and the rate keeps the comparison per token. Over a set: the median over prompts and
-the worst prompt. A round whose baseline rate strays more than STRAY from the baseline's median
+The ratio on a prompt is plain llama-server's end-to-end time over the method's, from the
+minima (the primary figure: each method at its least disturbed) and from the medians. When the
+answers have the same length (greedy with identical outputs) that is the plain time ratio. When
+they differ (T > 0; a greedy near-tie resolved another way), the baseline's time is carried to
+the method's length with its own decode cost per token (llama-server's `timings`:
+predicted_ms / predicted_n), so neither side gains from a longer answer spreading its prefill
+over more tokens; a baseline without timings falls back to the ratio of end-to-end rates
+(tokens / wall time). Over a set: the median over prompts and the worst prompt. A round whose baseline rate strays more than STRAY from the baseline's median
 over rounds (on the median prompt) is flagged: the machine was busy then.
 """
 from __future__ import annotations
@@ -29,17 +31,38 @@ def _by(records, *keys):
 
 def per_prompt(records) -> dict:
     """{(set, T, prompt, method): {"min_wall", "median_wall", "tokens" (of the fastest round),
-    "rate_min", "rate_median"}}."""
+    "median_tokens", "decode_s_per_token" (from server timings, or None), "rate_min",
+    "rate_median"}}."""
     out = {}
     for key, group in _by(records, "prompt_set", "temperature", "prompt", "method").items():
         walls = sorted(r.wall_seconds for r in group)
         best = min(group, key=lambda r: r.wall_seconds)
         tokens = statistics.median(r.completion_tokens for r in group)
         out[key] = {"min_wall": walls[0], "median_wall": statistics.median(walls),
-                    "tokens": best.completion_tokens, "rounds": len(group),
+                    "tokens": best.completion_tokens, "median_tokens": tokens,
+                    "rounds": len(group), "decode_s_per_token": _decode_cost(best),
                     "rate_min": best.completion_tokens / best.wall_seconds,
                     "rate_median": tokens / statistics.median(walls)}
     return out
+
+
+def _decode_cost(record) -> float | None:
+    """Seconds per generated token in decoding, from llama-server's timings."""
+    timings = record.extra.get("timings") or {}
+    n, ms = timings.get("predicted_n"), timings.get("predicted_ms")
+    return ms / 1000.0 / n if n and ms else None
+
+
+def prompt_ratio(base: dict, cell: dict, which: str) -> float:
+    """Baseline time over the method's on one prompt (module doc); which: "min" or "median"."""
+    wall, tokens = (("min_wall", "tokens") if which == "min" else ("median_wall", "median_tokens"))
+    if cell[tokens] == base[tokens]:
+        return base[wall] / cell[wall]
+    per_token = base["decode_s_per_token"]
+    if per_token is None:
+        return cell[f"rate_{which}"] / base[f"rate_{which}"]
+    carried = base[wall] + (cell[tokens] - base[tokens]) * per_token
+    return max(carried, 1e-9) / cell[wall]
 
 
 def ratios(records, baseline: str = BASELINE) -> dict:
@@ -54,8 +77,8 @@ def ratios(records, baseline: str = BASELINE) -> dict:
         entry = summary.setdefault((prompt_set, t, method), {"min": [], "median": [],
                                                              "identical": 0, "prompts": 0,
                                                              "rates": [], "tokens": []})
-        entry["min"].append(cell["rate_min"] / base["rate_min"])
-        entry["median"].append(cell["rate_median"] / base["rate_median"])
+        entry["min"].append(prompt_ratio(base, cell, "min"))
+        entry["median"].append(prompt_ratio(base, cell, "median"))
         entry["rates"].append(cell["rate_min"])
         entry["tokens"].append(cell["tokens"])
         entry["prompts"] += 1

@@ -96,7 +96,8 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
     servers = start_servers(methods, setup, log_dir)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
-        records = run_requests(config, prompts, {name: s.url for name, s in servers.items()})
+        records = run_requests(config, prompts, {name: s.url for name, s in servers.items()},
+                               servers=servers)
     finally:
         stop_servers(servers)
     doc = summarise(config, methods, records, setup, describe_sets(prompts), notes)
@@ -158,9 +159,10 @@ def render_markdown(doc: dict) -> str:
              f"- {doc['config']['rounds']} rounds, methods rotating per prompt, natural stop "
              f"(max_tokens {doc['config']['max_tokens']}), one request at a time", "",
              f"## Results", "",
-             f"× plain llama-server, end-to-end rate (completion tokens / request wall time, "
-             f"prefill included) from each method's fastest round per prompt: median over "
-             f"prompts (worst prompt), {temps}", "", doc["table"], ""]
+             f"× plain llama-server, end to end (its request time over the method's, prefill "
+             f"included; answers of another length compared at the method's length with "
+             f"llama-server's decode cost per token), from each method's fastest round per "
+             f"prompt: median over prompts (worst prompt), {temps}", "", doc["table"], ""]
     if doc["stray_rounds"]:
         lines += ["Rounds whose plain llama-server rate strayed > 10 % from its median: "
                   + ", ".join(f"round {s['round']} ({s['baseline_tokens_per_s']:.1f} vs "

@@ -3,8 +3,10 @@ planner's reasoning in a line or two. By default an edit task (a pasted module t
 return), where prompt-lookup drafts sized for this machine pay; `--task humaneval` completes a
 HumanEval prompt with the tuned bundle instead.
 
-On llama.cpp (the default for the shipped pair on a CPU) the baseline is llama-cpp-python's own
-high-level `Llama` decoding the same GGUF: what llama.cpp users run. On transformers it is the
+On llama.cpp (the default for the shipped pair on a CPU) the baseline is llama.cpp's own
+`llama-server` on the same GGUF with the same threads and context, asked over loopback HTTP, when
+`make llama-server` has built it (or $REDWOOD_LLAMA_SERVER names one); else llama-cpp-python's
+high-level `Llama` decoding the same GGUF. The report line says which. On transformers it is the
 target alone through redwood's engine.
 """
 from __future__ import annotations
@@ -46,16 +48,28 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 128, problem: int = 0,
     for line in stats_lines(result):
         print(f"  {line}")
     if backend == "llamacpp":
+        from redwood.bench.server_run import find_llama_server
+
         ids = encode_prompt(tokenizer, prompt, chat).tolist()
+        binary = find_llama_server(None)
+        if binary is not None:
+            text, count, baseline_seconds = plain_llama_server(binary, engine.target_backend,
+                                                               ids, max_new_tokens)
+            same = text == tokenizer.decode(result.tokens)
+            return _report(count, baseline_seconds, same, result.tokens, redwood_seconds,
+                           "plain llama-server (llama.cpp's own server, same sources, GGUF, "
+                           "threads and context; over loopback HTTP)", backend)
         baseline, baseline_seconds = plain_llamacpp(engine.target_backend, ids, max_new_tokens)
-        label = "plain llama.cpp (llama-cpp-python Llama, same GGUF and threads)"
+        label = ("plain llama.cpp (llama-cpp-python Llama, same GGUF and threads; "
+                 "`make llama-server` to compare with llama-server)")
     else:
         base, _ = stream_text(engine, tokenizer, prompt, greedy, chat=chat,
                               method="autoregressive", stop_on_eos=False)
         baseline, baseline_seconds = base.tokens, base.prefill_seconds + base.decode_seconds
         redwood_seconds = result.prefill_seconds + result.decode_seconds
         label = "target alone (autoregressive, same engine)"
-    return _report(baseline, baseline_seconds, result.tokens, redwood_seconds, label, backend)
+    return _report(len(baseline), baseline_seconds, baseline == result.tokens, result.tokens,
+                   redwood_seconds, label, backend, baseline)
 
 
 def _demo_prompt(task: str, problem: int) -> tuple[str, bool, str]:
@@ -73,15 +87,18 @@ def _demo_prompt(task: str, problem: int) -> tuple[str, bool, str]:
     return prompts[problem], False, "HumanEval evaluation split"
 
 
-def _report(baseline, baseline_seconds, tokens, redwood_seconds, label, backend) -> int:
-    same = baseline == tokens
-    print(f"\n{label}: {len(baseline) / baseline_seconds:.1f} tokens/s; redwood: "
+def _report(baseline_count, baseline_seconds, same, tokens, redwood_seconds, label, backend,
+            baseline_tokens=None) -> int:
+    print(f"\n{label}: {baseline_count / baseline_seconds:.1f} tokens/s; redwood: "
           f"{len(tokens) / redwood_seconds:.1f} tokens/s "
           f"({baseline_seconds / redwood_seconds:.2f}x, whole request incl. prefill); "
           f"identical output: {'yes' if same else 'NO'}")
     if not same and backend == "llamacpp":
-        first = next(i for i, (a, b) in enumerate(zip(baseline + [-1], tokens)) if a != b)
-        print(f"  (the outputs part at new token {first}: llama.cpp's kernels differ by batch size, "
+        where = ""
+        if baseline_tokens is not None:
+            first = next(i for i, (a, b) in enumerate(zip(baseline_tokens + [-1], tokens)) if a != b)
+            where = f" at new token {first}"
+        print(f"  (the outputs part{where}: llama.cpp's kernels differ by batch size, "
               "so a near-tie can resolve either way; docs/design.md §5)")
         return 0
     return 0 if same else 1
@@ -114,6 +131,30 @@ def planner_line(engine, config) -> str:
     predicted = source.get("predicted_speedup")
     return (f"planner ({origin}): tree of up to {len(tree)} nodes, {tree.num_levels} levels"
             f"{pruning}" + (f"; predicted {predicted:.2f}x" if predicted else ""))
+
+
+def plain_llama_server(binary: str, target_backend, ids: list[int],
+                       max_new_tokens: int) -> tuple[str, int, float]:
+    """Greedy decoding of exactly `max_new_tokens` tokens (ignore_eos) by llama-server on the
+    target's GGUF with the backend's threads and context: (text, tokens, seconds for the whole
+    request as the client saw it, prefill included). One untimed warm-up request first."""
+    from redwood.bench.http_client import complete
+    from redwood.bench.server_bench import request_body
+    from redwood.bench.server_process import ServerProcess, free_port
+    from redwood.bench.server_specs import METHODS, ServerSetup, command
+    from redwood.models.shipped import cache_root
+
+    setup = ServerSetup(target_backend.name, "", target_backend.n_threads, target_backend.n_ctx,
+                        binary)
+    port = free_port()
+    server = ServerProcess("llama-server", command(METHODS["llama-server"], setup, port), port,
+                           cache_root() / "logs" / "demo-llama-server.log", startup_timeout=300)
+    print("starting llama-server for the baseline ...", file=sys.stderr)
+    with server.start():
+        complete(server.url, request_body(ids[:8], 0.0, 0, 2, False))
+        body = dict(request_body(ids, 0.0, 0, max_new_tokens, False), ignore_eos=True)
+        reply = complete(server.url, body)
+    return reply.text, int(reply.completion_tokens or 0), reply.wall_seconds
 
 
 def plain_llamacpp(target_backend, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:

@@ -1,0 +1,120 @@
+"""Where a plain decoding step's time goes on the llama.cpp backend: inside `llama_decode`, and
+everything redwood does around it (the logits row copy, sampling, the engine's Python).
+
+    python benchmarks/plain_path.py                       # shipped pair, 3 HumanEval prompts x 128 tokens
+    python benchmarks/plain_path.py --prompts 2 --tokens 64 --repeats 2
+
+Each plain step is one `llama_decode` of one token; the benchmark wraps the backend's
+`llama_decode` and its logits copy with timers and runs redwood's engine autoregressively
+(greedy, EOS ignored, the prompt prefilled first and excluded). "outside" = the step's wall
+time minus its llama_decode time: what a C++ loop around the same call would not pay. Target
+(issue: never slower than llama-server): outside <= 1.5 % of a plain step. Writes JSON under
+benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+class TimedLlama:
+    """The llama_cpp module with llama_decode timed (everything else passed through)."""
+
+    def __init__(self, module):
+        self._module, self.seconds, self.calls = module, 0.0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def llama_decode(self, ctx, batch):
+        start = time.perf_counter()
+        try:
+            return self._module.llama_decode(ctx, batch)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+
+
+def timed_method(obj, name: str, totals: dict) -> None:
+    original = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+    setattr(obj, name, wrapper)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from redwood.bench.server_run import cpu_description
+    from redwood.decode.engine import Engine
+    from redwood.models.runtime import load_models
+    from redwood.plan.tree import Tree
+    from redwood.prompts import encode_prompt, humaneval_prompts
+
+    models = load_models(backend="llamacpp")
+    target = models.target
+    timed = TimedLlama(target._llama)
+    target._llama = timed
+    totals: dict = {}
+    timed_method(target, "_logits", totals)
+    engine = Engine(target, models.draft, Tree([-1]))
+    prompts = [encode_prompt(models.tokenizer, p) for p in humaneval_prompts("evaluation",
+                                                                             limit=args.prompts)]
+    rows = []
+    for repeat in range(args.repeats):
+        for i, ids in enumerate(prompts):
+            stream = engine.stream(ids, args.tokens, method="autoregressive", stop_on_eos=False)
+            steps = iter(stream)
+            next(steps)                                  # the prefill's token: excluded
+            timed.seconds, timed.calls, totals.clear()
+            start = time.perf_counter()
+            for _ in steps:
+                pass
+            wall = time.perf_counter() - start
+            n = timed.calls
+            rows.append({"repeat": repeat, "prompt": i, "steps": n, "wall_ms": 1e3 * wall / n,
+                         "decode_ms": 1e3 * timed.seconds / n,
+                         "logits_copy_ms": 1e3 * totals.get("_logits", 0.0) / n,
+                         "outside_ms": 1e3 * (wall - timed.seconds) / n,
+                         "load_average": os.getloadavg()[0]})
+            r = rows[-1]
+            print(f"repeat {repeat} prompt {i}: {r['wall_ms']:.2f} ms/step, llama_decode "
+                  f"{r['decode_ms']:.2f}, outside {r['outside_ms']:.3f} "
+                  f"({100 * r['outside_ms'] / r['wall_ms']:.2f} %), of which the logits copy "
+                  f"{r['logits_copy_ms']:.3f}", file=sys.stderr)
+    share = [r["outside_ms"] / r["wall_ms"] for r in rows]
+    doc = {"cpu": cpu_description(), "torch_threads": torch.get_num_threads(),
+           "llama_threads": target.n_threads, "tokens": args.tokens, "rows": rows,
+           "outside_share_median": statistics.median(share), "outside_share_max": max(share),
+           "outside_ms_median": statistics.median(r["outside_ms"] for r in rows),
+           "step_ms_median": statistics.median(r["wall_ms"] for r in rows)}
+    doc["cpu"].pop("flags")
+    out = Path(args.out_dir) / f"plain-path-{datetime.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"outside llama_decode: median {100 * doc['outside_share_median']:.2f} % of a plain "
+          f"step ({doc['outside_ms_median']:.3f} of {doc['step_ms_median']:.2f} ms), max "
+          f"{100 * doc['outside_share_max']:.2f} %; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

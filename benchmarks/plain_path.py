@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
 
@@ -81,10 +82,12 @@ def main(argv=None) -> int:
     rows = []
     for repeat in range(args.repeats):
         for i, ids in enumerate(prompts):
-            stream = engine.stream(ids, args.tokens, method="autoregressive", stop_on_eos=False)
+            stream = engine.stream(ids, args.tokens, method="autoregressive", stop_on_eos=False,
+                                   temperature=args.temperature, seed=repeat)
             steps = iter(stream)
             next(steps)                                  # the prefill's token: excluded
-            timed.seconds, timed.calls, totals.clear()
+            timed.seconds, timed.calls = 0.0, 0
+            totals.clear()
             start = time.perf_counter()
             for _ in steps:
                 pass
@@ -102,12 +105,14 @@ def main(argv=None) -> int:
                   f"{r['logits_copy_ms']:.3f}", file=sys.stderr)
     share = [r["outside_ms"] / r["wall_ms"] for r in rows]
     doc = {"cpu": cpu_description(), "torch_threads": torch.get_num_threads(),
-           "llama_threads": target.n_threads, "tokens": args.tokens, "rows": rows,
+           "llama_threads": target.n_threads, "tokens": args.tokens,
+           "temperature": args.temperature, "rows": rows,
            "outside_share_median": statistics.median(share), "outside_share_max": max(share),
            "outside_ms_median": statistics.median(r["outside_ms"] for r in rows),
            "step_ms_median": statistics.median(r["wall_ms"] for r in rows)}
     doc["cpu"].pop("flags")
-    out = Path(args.out_dir) / f"plain-path-{datetime.date.today().isoformat()}.json"
+    out = Path(args.out_dir) / (f"plain-path-T{args.temperature:g}-"
+                                f"{datetime.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"outside llama_decode: median {100 * doc['outside_share_median']:.2f} % of a plain "

@@ -364,3 +364,37 @@ def test_vocabulary_mismatch_is_refused(paths, tmp_path):
     finally:
         target.close()
         draft.close()
+
+
+# -- 4. the plain path reads the logits in place (append_logits_view) ----------------------
+
+def test_plain_path_equals_token_by_token_appends(backends, reference):
+    """Greedy autoregressive decoding (the in-place row and numpy's argmax) gives exactly the
+    tokens of a loop of append(rows=1) + torch argmax on a fresh context."""
+    for prompt in GREEDY_PROMPTS:
+        got = Engine(*backends, Tree([-1])).generate(torch.tensor(prompt), 30,
+                                                     method="autoregressive",
+                                                     stop_on_eos=False).tokens
+        fresh = reference[0]
+        fresh.reset()
+        logits, expected = fresh.append(prompt, rows=1), []
+        for _ in range(30):
+            expected.append(int(logits[0].argmax()))
+            logits = fresh.append([expected[-1]], rows=1)
+        assert got == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(0.6, 1.0), (1.0, 1.0), (1.0, 0.8)])
+def test_plain_path_first_two_tokens_follow_the_target(backends, target_logits,
+                                                       temperature, top_p):
+    """The second token comes from a plain step's in-place sampler (top-p 0.8: the torch path
+    on the same in-place row); chi-square against the target backend's own law."""
+    engine = Engine(*backends, Tree([-1]))
+    counts = Counter()
+    for seed in range(CHI_DRAWS):
+        result = engine.generate(torch.tensor(CHI_PROMPT), 2, temperature=temperature,
+                                 top_p=top_p, seed=seed, method="autoregressive",
+                                 stop_on_eos=False)
+        counts[tuple(result.tokens)] += 1
+    assert_law(counts, joint_law(*target_logits, temperature, top_p), CHI_DRAWS)

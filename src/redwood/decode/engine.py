@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
@@ -21,6 +22,7 @@ from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
+from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.errors import RedwoodError
 from redwood.plan.live_costs import LiveCosts
@@ -118,6 +120,7 @@ class Engine:
         self.live_costs = bool(live_costs)
         self._clock_fn = clock
         self.last_costs: LiveCosts | None = None     # the latest request's, for inspection
+        self._plain_sampler = PlainSampler()
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:
@@ -245,13 +248,21 @@ class Engine:
         costs: a governed request's LiveCosts, which learns what a plain step costs."""
         ids = [root] if unrun is None else unrun.tolist() + [root]
         stats.fused_prefill = stats.fused_prefill or unrun is not None
+        target = self.target_backend
+        view = getattr(target, "append_logits_view", None)      # llama.cpp: no row copy
         start = self._clock()
-        logits = self.target_backend.append(ids, rows=1)
+        logits = view(ids) if view is not None else target.append(ids, rows=1)[0]
         seconds = self._clock() - start
         stats.target_seconds += seconds
         if costs is not None and unrun is None:
             costs.record_target(1, seconds)
-        return [self._sample_one(logits[0], params, generator)]
+        if isinstance(logits, np.ndarray):          # read before the next decode reuses it
+            if params.greedy:
+                return [int(np.argmax(logits))]     # first maximum, as torch.argmax
+            if PlainSampler.handles(params):
+                return [self._plain_sampler.sample(logits, params.temperature, generator)]
+            logits = torch.from_numpy(logits)
+        return [self._sample_one(logits, params, generator)]
 
     def _speculative_step(self, root, layout, chooser, params, options, generator, stats,
                           governor=None, unrun=None):

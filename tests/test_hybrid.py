@@ -206,3 +206,23 @@ def test_a_budget_the_model_tree_does_not_fit_is_refused():
     engine = hybrid_engine(target, tiny_model("qwen2", vocab_size=32, seed=2))
     with pytest.raises(RedwoodError, match="does not fit the request's tree budget"):
         engine.generate(torch.tensor([3, 4, 5]), 4, method="chain", stop_on_eos=False)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "hybrid"])
+def test_draft_model_prefills_only_when_the_plan_uses_it(mode):
+    """`--drafter auto` on a machine where no model tree pays plans "ngram": the draft model
+    then never runs, not even its prefill; in "hybrid" it prefills the prompt once, lazily."""
+    target = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    draft = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
+    engine = Engine(target, draft, profile=FLAT, live_costs=False)
+    engine.drafter, engine.tree = hybrid_drafting(engine, lambda t: (MODEL_TREE, 2.0, mode), FLAT)
+    prefills = []
+    original = engine.drafter.model.prefill
+    engine.drafter.model.prefill = lambda ids: (prefills.append(list(ids.tolist())), original(ids))
+    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7])
+    result = engine.generate(prompt, 24, stop_on_eos=False)
+    reference = Engine(target, draft, MODEL_TREE).generate(prompt, 24, method="autoregressive",
+                                                           stop_on_eos=False)
+    assert result.tokens == reference.tokens
+    assert prefills == ([] if mode == "ngram" else [prompt[:-1].tolist()])
+    assert (result.stats.accepted_by_source.get("model", 0) > 0) == (mode == "hybrid")

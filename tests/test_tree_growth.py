@@ -129,10 +129,11 @@ def test_growth_limit_is_the_dp_tree_with_a_long_spine():
 
 def grown_engine(target, draft, target_ms=FLAT, level_ms=0.01, governed=False):
     """governed: the engine has a profile, so a governor runs and its live rate is the
-    growth rule's bar from the second step on."""
+    growth rule's bar from the second step on (judged by the profile's costs alone: these tiny
+    models' real forwards take nothing like the fictional ones, live_costs=False)."""
     from redwood.plan.formats import Profile
 
-    engine = Engine(target, draft, MAX_TREE)
+    engine = Engine(target, draft, MAX_TREE, live_costs=False)
     rule = growth(target_ms, level_ms)
     engine.drafter = DraftModelDrafter(engine.draft_backend, time.perf_counter, engine.layouts,
                                        growth=rule)

@@ -190,7 +190,7 @@ class Engine:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
             elif governor is not None and not governor.speculate():
                 new_tokens = self._autoregressive_step(root, params, generator, stats, unrun,
-                                                       governor.costs)
+                                                       getattr(governor, "costs", None))
                 drafter.skip(root)
                 stats.plain_steps += 1
             else:
@@ -285,7 +285,7 @@ class Engine:
         logits = self._verify_forward(tree, proposal.tokens, unrun, stats)     # [n, V]
         verify_seconds = self._clock() - start
         stats.target_seconds += verify_seconds
-        costs = governor.costs if governor is not None else None
+        costs = getattr(governor, "costs", None)
         if costs is not None:                    # what this request's forwards cost (live)
             if unrun is None:
                 costs.record_target(len(tree), verify_seconds)

@@ -107,7 +107,8 @@ def measure(engine, prompts, method, max_new_tokens, temperature, seed) -> dict:
             first = {name: timer.calls for name, timer in timers.items()}
             # a separate prefill forward: the first target call below is the prefill
             result = engine.generate(ids, max_new_tokens, temperature=temperature, seed=seed + i,
-                                     method=method, stop_on_eos=False, fuse_prefill=False)
+                                     method=method, stop_on_eos=False, fuse_prefill=False,
+                                     cache_prompt=False)
             for name, timer in timers.items():
                 calls = timer.durations[first[name]:]
                 # the first call of each model in a generation is its prefill (prompt[:-1])

@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     for repeat in range(args.repeats):
         for i, ids in enumerate(prompts):
             stream = engine.stream(ids, args.tokens, method="autoregressive", stop_on_eos=False,
-                                   temperature=args.temperature, seed=repeat)
+                                   temperature=args.temperature, seed=repeat,
+                                   cache_prompt=False)
             steps = iter(stream)
             next(steps)                                  # the prefill's token: excluded
             timed.seconds, timed.calls = 0.0, 0

@@ -55,7 +55,7 @@ def test_a_profile_without_the_sizes_asked_for_is_measured_again(tmp_path, backe
 
 
 @pytest.mark.parametrize("field, value", [("cpu", "Some Other CPU"), ("threads", 64),
-                                          ("backend", "llamacpp")])
+                                          ("backend", "llamacpp"), ("cpu_flags", "0123abcd")])
 def test_a_profile_of_another_machine_is_not_used(tmp_path, backends, field, value):
     """Copy a cached profile, alter one key field (as if measured elsewhere): it is ignored
     and this machine is measured."""
@@ -166,3 +166,11 @@ def test_transformers_engines_grow_their_trees_by_default(tmp_path, monkeypatch,
     assert not grows_by_default(config, "hf", None)
     assert not grows_by_default(replace(config, draft_confidence=0.5), "hf", bundle)
     assert not grows_by_default(replace(config, drafter="ngram"), "hf", bundle)
+
+
+def test_cpu_flags_digest_tells_machines_of_one_model_name_apart():
+    avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n"
+    avx512 = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma avx512f avx512_vnni\n"
+    assert mp.cpu_flags_digest(avx2) != mp.cpu_flags_digest(avx512)
+    assert mp.cpu_flags_digest(avx2) == mp.cpu_flags_digest(avx2.replace("avx avx2", "avx2 avx"))
+    assert mp.cpu_flags_digest("model name : x\n") == ""

@@ -239,6 +239,43 @@ def test_completion_greedy_equals_offline(client, engine, tokenizer, prompt):
                                                                abs=1e-3)
 
 
+def test_usage_reports_cached_tokens_and_cache_prompt_is_checked(client, base_url):
+    """Every response says how many prompt tokens came from the prompt cache (the transformers
+    backend keeps none between requests: 0); llama-server's `cache_prompt` field is accepted
+    and type-checked like every other field."""
+    response = client.completions.create(model="tiny-qwen", prompt=PROMPTS[1], max_tokens=4,
+                                         temperature=0, extra_body={"cache_prompt": False})
+    assert response.usage.prompt_tokens_details.cached_tokens == 0
+    bad = httpx.post(f"{base_url}/v1/completions",
+                     json={"prompt": "x", "max_tokens": 2, "cache_prompt": "no"}, timeout=60)
+    assert bad.status_code == 400 and "cache_prompt" in bad.text
+
+
+def test_chat_verb_keeps_the_conversation(monkeypatch, engine, tokenizer):
+    """`redwood chat`: two turns on one engine; the second prompt holds the first exchange,
+    and each turn prints its speed line."""
+    from redwood.cli import chat, textgen
+    from redwood.decode.params import SamplingParams
+
+    monkeypatch.setattr(textgen, "load_engine", lambda config, temperature=0.0: (engine, tokenizer))
+    lines = iter(["Say hi", "And again", ""])
+    printed, prompts = [], []
+    original = engine.stream
+
+    def stream(ids, *args, **kwargs):
+        prompts.append(ids.tolist())
+        return original(ids, *args, **kwargs)
+    monkeypatch.setattr(engine, "stream", stream)
+    code = chat.run_chat(None, SamplingParams(max_new_tokens=6), system="Be brief.",
+                         read=lambda prompt: next(lines),
+                         write=lambda *a, **k: printed.append(" ".join(map(str, a))))
+    assert code == 0 and len(prompts) == 2
+    common = next((i for i, (a, b) in enumerate(zip(*prompts)) if a != b), len(prompts[0]))
+    assert common >= len(prompts[0]) - 2 and len(prompts[1]) > len(prompts[0])   # it extends
+    speed = [line for line in printed if "tokens/s, whole turn" in line]
+    assert len(speed) == 2 and "cached)" in speed[0]
+
+
 def test_completion_streaming_equals_offline(client, engine, tokenizer):
     ids = tokenizer(PROMPTS[2]).input_ids
     expected = decode(tokenizer, offline(engine, ids, 20))

@@ -159,6 +159,10 @@ def test_results_written_with_cpu_and_tables(tmp_path):
     assert "1.25 (1.25)" in text and "- cpu: " in text and doc["cpu"]["model"]
     assert Path(paths["raw"]).read_text().count('"wall_seconds"') == 6
     assert render_markdown(doc) == text
+    from redwood.bench.server_run import rewrite
+
+    again = rewrite(paths["raw"])
+    assert again["table"] == doc["table"] and "first round alone" in Path(paths["markdown"]).read_text()
 
 
 def test_unequal_lengths_compared_at_the_methods_length():

@@ -142,6 +142,7 @@ class LlamaCppBackend:
         self.dtype_name = file_type_name(ftype)
         self.n_threads = threads
         self._length = 0             # committed tokens (sequence 0, positions 0..L-1)
+        self._tokens: list[int] = []  # their ids: what keep_prefix compares a new prompt with
         self._step = None            # the tentative state of the current step, or None
         self._layouts: dict[tuple, TreeSeqs] = {}
 
@@ -188,7 +189,25 @@ class LlamaCppBackend:
     def reset(self) -> None:
         self._live()
         self._llama.llama_memory_clear(self._mem, True)
-        self._length, self._step = 0, None
+        self._length, self._step, self._tokens = 0, None, []
+
+    def keep_prefix(self, ids, most: int | None = None) -> int:
+        """Keep the longest committed prefix that `ids` starts with (at most `most` tokens) and
+        drop the rest of the cache: the prompt cache of one sequence, as llama-server keeps a
+        slot's KV between requests. Returns the tokens kept; the caller appends ids[kept:].
+        The kept cells hold exactly what a fresh prefill of those tokens would (the kernels
+        differ by batch shape, as for trees: docs/design.md §5.3)."""
+        self._live()
+        ids = self._token_ids(ids)
+        limit = len(ids) if most is None else max(0, min(int(most), len(ids)))
+        kept, cached = 0, self._tokens
+        while kept < min(limit, len(cached)) and cached[kept] == ids[kept]:
+            kept += 1
+        if self._step is not None:
+            self.keep_path([])                       # drop tentative nodes first
+        self._llama.llama_memory_seq_rm(self._mem, -1, kept, -1)
+        self._length, self._tokens = kept, self._tokens[:kept]
+        return kept
 
     def cache_length(self) -> int:
         return self._length
@@ -216,6 +235,7 @@ class LlamaCppBackend:
             self._llama.llama_memory_seq_rm(self._mem, -1, start, -1)
             raise
         self._length = start + n
+        self._tokens.extend(int(t) for t in ids)
         return torch.cat(out) if out else torch.empty(0, self.vocab_size)
 
     def append_logits_view(self, ids) -> np.ndarray:
@@ -233,6 +253,7 @@ class LlamaCppBackend:
         self._batch.fill_causal(ids, start, 1)
         self._decode(f"appending {len(ids)} tokens at position {start}")
         self._length = start + len(ids)
+        self._tokens.extend(int(t) for t in ids)
         pointer = self._llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(1, self.vocab_size))[0]
 
@@ -257,7 +278,7 @@ class LlamaCppBackend:
                                    f"length {self._length} (root run as node 0) or "
                                    f"{self._length - 1} (root committed)")
             step = {"layout": layout, "root": root_position, "ran": set(), "cells": 0,
-                    "root_run": root_position == self._length}
+                    "root_run": root_position == self._length, "tokens": {}}
         elif layout.parents != step["layout"].parents or root_position != step["root"]:
             raise RedwoodError("run_tree called with another tree or root position in the same "
                                "step; call keep_path first")
@@ -280,6 +301,7 @@ class LlamaCppBackend:
             raise
         step["ran"].update(nodes)
         step["cells"] += len(nodes)
+        step["tokens"].update(zip(nodes, (int(t) for t in ids)))
         if not rows:
             return torch.empty(0, self.vocab_size)
         kept = np.flatnonzero(outputs)               # logits come in batch order
@@ -319,6 +341,7 @@ class LlamaCppBackend:
         if seq != 0:
             llama.llama_memory_seq_cp(mem, seq, 0, -1, -1)
             llama.llama_memory_seq_keep(mem, 0)
+        self._tokens.extend(step["tokens"][u] for u in nodes)
         self._length, self._step = position + 1, None
 
     def room_needed(self, tree: Tree) -> int:

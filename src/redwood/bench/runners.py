@@ -110,7 +110,8 @@ def redwood_runner(engine, method: str, draft_confidence: float = 0.0, source: s
         start = time.perf_counter()
         result = engine.generate(input_ids, max_new_tokens, temperature=setting.temperature,
                                  top_p=setting.top_p, top_k=0, seed=seed, method=method,
-                                 stop_on_eos=False, draft_confidence=draft_confidence)
+                                 stop_on_eos=False, draft_confidence=draft_confidence,
+                                 cache_prompt=False)      # every method prefills its prompt
         wall = time.perf_counter() - start
         stats = result.stats
         return Measurement(

@@ -116,6 +116,11 @@ def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> 
         "prompt_sets": sets, "notes": notes, "llama_server_build": _build_info(setup),
         "stray_rounds": stray_rounds(records), "speculation": speculation_figures(records),
         "table": markdown_table(summary, names, list(config.prompt_sets), config.temperatures),
+        # llama-server's ngram-mod keeps one hash pool across requests, so from the second
+        # round on it has seen every answer before: the first round is what a prompt it has
+        # not seen gets
+        "first_round_table": markdown_table(ratios([r for r in records if r.round == 0]), names,
+                                            list(config.prompt_sets), config.temperatures),
         "results": [{"prompt_set": s, "temperature": t, "method": m, **entry}
                     for (s, t, m), entry in sorted(summary.items())],
     }
@@ -163,6 +168,10 @@ def render_markdown(doc: dict) -> str:
              f"included; answers of another length compared at the method's length with "
              f"llama-server's decode cost per token), from each method's fastest round per "
              f"prompt: median over prompts (worst prompt), {temps}", "", doc["table"], ""]
+    if doc.get("first_round_table"):
+        lines += ["The first round alone (every request new to every server; llama-server's "
+                  "ngram-mod and redwood's n-gram learning carry over between requests):", "",
+                  doc["first_round_table"], ""]
     if doc["stray_rounds"]:
         lines += ["Rounds whose plain llama-server rate strayed > 10 % from its median: "
                   + ", ".join(f"round {s['round']} ({s['baseline_tokens_per_s']:.1f} vs "
@@ -179,3 +188,23 @@ def render_markdown(doc: dict) -> str:
             f"{m}: " + ", ".join(f"{k} {v:.2f}" for k, v in e.items())
             for m, e in doc["speculation"].items())]
     return "\n".join(lines) + "\n"
+
+
+def rewrite(raw_path: str) -> dict:
+    """Summarise a run again from its raw records (after the report changed): the summary JSON
+    beside it gives the config and setup; writes the .json and .md again."""
+    raw = Path(raw_path)
+    summary_path = raw.with_name(raw.name.replace(".raw.json", ".json"))
+    old = json.loads(summary_path.read_text())
+    from redwood.bench.server_bench import Record
+
+    records = [Record(**r) for r in json.loads(raw.read_text())]
+    config = ServerBenchConfig(**{**old["config"], "prompt_sets": tuple(old["config"]["prompt_sets"]),
+                                  "temperatures": tuple(old["config"]["temperatures"])})
+    setup = ServerSetup(**{**old["setup"], "redwood_model_args": tuple(old["setup"]["redwood_model_args"])})
+    doc = summarise(config, check_methods(config.methods), records, setup, old["prompt_sets"],
+                    old["notes"])
+    doc.update(command=old["command"], started=old["started"], finished=old["finished"])
+    summary_path.write_text(json.dumps(doc, indent=1) + "\n")
+    raw.with_name(raw.name.replace(".raw.json", ".md")).write_text(render_markdown(doc))
+    return doc

@@ -160,6 +160,23 @@ def _cmd_generate(args):
                   "(--no-grow: the bundle's re-planned tree)", file=sys.stderr)
 
 
+def _add_chat(sub):
+    p = sub.add_parser("chat", help="a multi-turn conversation in the terminal",
+                       description="Chat with the model: each turn streams its answer and a "
+                       "speed line; the conversation's KV stays cached between turns (llama.cpp "
+                       "backend), so a turn runs only its new tokens. An empty line or /exit ends.")
+    _add_model_args(p)
+    _add_sampling_args(p, max_new_tokens=512)
+    p.add_argument("--system", default=None, help="a system message for the conversation")
+    p.set_defaults(func=_cmd_chat)
+
+
+def _cmd_chat(args):
+    from redwood.cli.chat import run_chat
+
+    return run_chat(_model_config(args), _sampling_params(args), args.system, args.method)
+
+
 def _add_demo(sub):
     p = sub.add_parser("demo", help="redwood beside plain decoding on the same runtime",
                        description="Load the shipped pair (assembling or building its cache and "
@@ -209,6 +226,11 @@ def _add_serve(sub):
                    help="llama.cpp backend: serve up to N requests at once in one batch, with "
                    "trees planned for the batch (default: from this machine's profile, at most "
                    "16); 1 = one request at a time. The transformers backend serves one at a time")
+    p.add_argument("--no-prompt-cache", action="store_true",
+                   help="prefill every prompt in full (default: one request at a time reuses "
+                   "the KV of the longest prefix it shares with the previous request, as "
+                   "llama-server's cache_prompt; a request may also send \"cache_prompt\": "
+                   "false). The batched scheduler prefills every prompt today")
     p.add_argument("--served-name", default=None,
                    help="model id shown in /v1/models and responses (default: the model's name)")
     p.set_defaults(func=_cmd_serve)
@@ -263,6 +285,7 @@ def _cmd_serve(args):
               file=sys.stderr)
     else:
         engine, tokenizer = load_engine(model_config)
+        engine.prompt_cache = not args.no_prompt_cache
         if args.drafter != "model":
             bundle = None                       # n-gram / hybrid drafters size their own trees
     if bundle is not None:
@@ -282,7 +305,7 @@ def _cmd_serve(args):
 def _verbs():
     from redwood.cli.measure import _add_bench, _add_calibrate, _add_profile, _add_tune
 
-    return [_add_plan, _add_export, _add_generate, _add_demo, _add_serve, _add_profile,
+    return [_add_plan, _add_export, _add_generate, _add_chat, _add_demo, _add_serve, _add_profile,
             _add_calibrate, _add_tune, _add_bench]
 
 

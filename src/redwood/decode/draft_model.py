@@ -21,11 +21,20 @@ class DraftModelDrafter:
         self.pending: list[int] = []
         self.growth = growth                    # decode.tree_growth.BestFirstGrowth or None
 
+    reuse_prefix = True        # the engine sets it per request (its cache_prompt option)
+
     def prefill(self, prompt_ids: torch.Tensor) -> None:
-        self.backend.reset()
+        """Run the prompt on the draft, keeping the longest prefix its cache already holds
+        (backends with keep_prefix, when reuse_prefix) so a multi-turn chat runs only its new
+        tokens on the draft too."""
         self.pending = []
-        if len(prompt_ids):
-            self.backend.append(prompt_ids, rows=0)
+        if self.reuse_prefix and hasattr(self.backend, "keep_prefix"):
+            kept = self.backend.keep_prefix(prompt_ids)
+        else:
+            self.backend.reset()
+            kept = 0
+        if len(prompt_ids) > kept:
+            self.backend.append(prompt_ids[kept:], rows=0)
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:

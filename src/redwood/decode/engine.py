@@ -39,6 +39,7 @@ class DecodeOptions:
     tree: Tree | None = None
     draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
     fuse_prefill: bool = True          # the target runs prompt[:-1] with the first tree (§5.4)
+    cache_prompt: bool = True          # reuse the cached prefix the prompt starts with (§5.5)
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Engine:
     def __init__(self, target, draft, tree: Tree | str | None = None,
                  draft_confidence: float = 0.0, drafter: Drafter | None = None,
                  profile=None, fuse_prefill: bool = True, live_costs: bool = True,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, prompt_cache: bool = True):
         """target, draft: transformers models or `Backend`s (redwood.backends). tree: the
         default tree for requests; draft_confidence: their default pruning threshold (see
         `stream`). Requests may override both. drafter: a `Drafter` to use instead of the
@@ -96,7 +97,10 @@ class Engine:
         (docs/design.md §5.4; False = a separate prefill forward, for A/B). live_costs: with a
         profile, correct its costs by what each request's forwards take (plan/live_costs.py;
         False = the profile alone: seeded sampled requests then repeat token for token).
-        clock: seconds, for every timing (tests inject one)."""
+        clock: seconds, for every timing (tests inject one). prompt_cache: the requests'
+        default for reusing the KV of the longest prefix a prompt shares with what the backends
+        hold from the previous request (backends with keep_prefix: llama.cpp; docs/design.md
+        §5.5); False = every request prefills its whole prompt."""
         check_draft_confidence(draft_confidence)
         self.draft_confidence = float(draft_confidence)
         self.target, self.draft = target, draft
@@ -117,6 +121,7 @@ class Engine:
         self._owner = None                 # the live stream: backends hold one sequence
         self.profile = profile
         self.fuse_prefill = bool(fuse_prefill)
+        self.prompt_cache = bool(prompt_cache)
         self.live_costs = bool(live_costs)
         self._clock_fn = clock
         self.last_costs: LiveCosts | None = None     # the latest request's, for inspection
@@ -133,7 +138,7 @@ class Engine:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                method: str = "sequoia", stop_on_eos: bool = True, tree: Tree | None = None,
                draft_confidence: float | None = None, params: SamplingParams | None = None,
-               fuse_prefill: bool | None = None) -> Stream:
+               fuse_prefill: bool | None = None, cache_prompt: bool | None = None) -> Stream:
         """Generate lazily. Sampling comes from `params` or from the keyword arguments;
         `tree` overrides the engine's tree for this request only.
 
@@ -142,6 +147,7 @@ class Engine:
         above this value, so the tree adapts to how predictable the text is (output stays exact).
         None = the engine's default. fuse_prefill: run the target's prefill in the same forward
         as the first tree (None = the engine's default; the output is the same either way).
+        cache_prompt: reuse the cached prefix (None = the engine's prompt_cache).
         One stream runs at a time per engine: starting another ends the previous one (its
         iteration then raises RedwoodError).
         """
@@ -151,7 +157,8 @@ class Engine:
             raise RedwoodError("give max_new_tokens in params or as an argument, not both")
         options = DecodeOptions(method, stop_on_eos, tree if tree is not None else self.tree,
                                 self.draft_confidence if draft_confidence is None else draft_confidence,
-                                self.fuse_prefill if fuse_prefill is None else bool(fuse_prefill))
+                                self.fuse_prefill if fuse_prefill is None else bool(fuse_prefill),
+                                self.prompt_cache if cache_prompt is None else bool(cache_prompt))
         prompt = self._validate(input_ids, params, options)
         state = DecodeState()
         owner = object()
@@ -170,7 +177,7 @@ class Engine:
 
         start = self._clock()
         drafter = self.drafter if speculative else None
-        first_logits, unrun = self._prefill(prompt, drafter, options.fuse_prefill)
+        first_logits, unrun = self._prefill(prompt, drafter, options, stats)
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
         governor = self._governor(drafter)
@@ -210,8 +217,10 @@ class Engine:
             yield new_tokens
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
 
-    def _prefill(self, prompt, drafter, fuse: bool):
-        """(first logits, unrun). Speculative (a drafter given): every prompt token but the
+    def _prefill(self, prompt, drafter, options: DecodeOptions, stats: StepStats):
+        """(first logits, unrun). With options.cache_prompt, the target (and the draft) keep
+        the longest cached prefix of what they would prefill and run only the rest
+        (stats.cached_prompt_tokens: the target's kept tokens). Speculative (a drafter given): every prompt token but the
         last, which becomes the first root, so even the first new token comes from a verified
         step. The draft prefills them; the target too, unless `fuse`: then they are returned
         as `unrun` [L-1] and the first step runs them in its verify forward (prefill_tree,
@@ -220,14 +229,22 @@ class Engine:
         first token, exactly as the runtime's own generation loop does (llama.cpp's kernels
         differ by batch size, so near-ties resolve as plain llama.cpp's)."""
         target = self.target_backend
-        target.reset()
+        reuse = options.cache_prompt and hasattr(target, "keep_prefix")
+        for model_drafter in (drafter, getattr(drafter, "model", None)):   # hybrid: its model
+            if model_drafter is not None and hasattr(model_drafter, "reuse_prefix"):
+                model_drafter.reuse_prefix = options.cache_prompt
+        # the last prompt token is always run: its logits (plain) or it is the first root
+        kept = target.keep_prefix(prompt, len(prompt) - 1) if reuse else 0
+        if not reuse:
+            target.reset()
+        stats.cached_prompt_tokens = kept
         if drafter is None:
-            return target.append(prompt, rows=1), None
-        fuse = fuse and hasattr(target, "prefill_tree")     # a Backend written before it
+            return target.append(prompt[kept:], rows=1), None
+        fuse = options.fuse_prefill and hasattr(target, "prefill_tree")   # a Backend before it
         if not fuse:
-            target.append(prompt[:-1], rows=0)
+            target.append(prompt[kept:-1], rows=0)
         drafter.prefill(prompt[:-1])
-        return None, (prompt[:-1] if fuse else None)
+        return None, (prompt[kept:-1] if fuse else None)
 
     def _governor(self, drafter) -> Governor | None:
         """A speculative request's governor (with a profile), its costs live unless the

@@ -18,6 +18,7 @@ class StepStats:
     # plain step's; docs/design.md §5.4): its time is then in target_seconds, and
     # prefill_seconds holds the draft's prefill alone
     fused_prefill: bool = False
+    cached_prompt_tokens: int = 0     # prompt tokens the target reused from its cache (not run)
     # accepted_at_depth[d] = number of steps whose accepted path reached tree depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)
     # drafted tokens the target accepted, by who proposed them ("model", "ngram"); filled
@@ -90,6 +91,7 @@ class GenerationResult:
             "target_forwards": self.stats.target_forwards, "draft_forwards": self.stats.draft_forwards,
             "draft_tokens_per_step": self.stats.draft_tokens_per_step,
             "plain_steps": self.stats.plain_steps, "fused_prefill": self.stats.fused_prefill,
+            "cached_prompt_tokens": self.stats.cached_prompt_tokens,
             "acceptance_by_depth": self.stats.acceptance_by_depth(),
             "accepted_by_source": dict(self.stats.accepted_by_source),
             "governor": dict(self.stats.governor),

@@ -39,6 +39,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags_digest(cpuinfo: str | None = None) -> str:
+    """A digest of the CPU's feature flags: machines sold under one model name ("AMD EPYC")
+    differ (AVX2 only or AVX-512 visible) and so do their timings, so a profile is measured
+    again when the flags change. '' where /proc/cpuinfo is not readable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return hashlib.sha256(" ".join(sorted(set(flags))).encode()).hexdigest()[:12] if flags else ""
+
+
 def profile_key(target, draft) -> dict:
     """What the timings depend on. target, draft: Backends."""
     import torch
@@ -47,7 +60,8 @@ def profile_key(target, draft) -> dict:
     if getattr(target, "kind", "hf") == "llamacpp":
         versions["llama_cpp"] = _version("llama_cpp_python")
         versions["llama_cpp_build"] = _llama_build_id()
-    key = {"cpu": cpu_model(), "threads": _threads(target), "backend": getattr(target, "kind", "hf"),
+    key = {"cpu": cpu_model(), "cpu_flags": cpu_flags_digest(), "threads": _threads(target),
+           "backend": getattr(target, "kind", "hf"),
            "device": str(target.device),
            "target": _model_id(target), "draft": _model_id(draft), "versions": versions}
     routing = {role: _routed_rows(b) for role, b in (("target", target), ("draft", draft))}

@@ -89,7 +89,8 @@ async def _next_event(job: Job, request) -> tuple[str, object]:
 
 def _usage(outcome: Outcome) -> dict:
     return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
 
 
 class _Responder:

@@ -83,6 +83,9 @@ class _Client:
         self.job, self.metrics, self.method = job, metrics, method
         self.text = IncrementalText(tokenizer, list(job.request.sampling.stop))
         self.previous: float | None = None
+        # decoded per step only when streamed or a stop string may end it (worker.py's reason)
+        self.live_text = job.request.stream or bool(job.request.sampling.stop)
+        self.held: list[int] = []
 
     def on_tokens(self, request: BatchRequest, new: list[int]) -> bool:
         if self.job.cancelled.is_set():
@@ -92,6 +95,9 @@ class _Client:
             self.metrics.ttft.observe(now - self.job.arrived)
         self.metrics.observe_step(len(new), None if self.previous is None else now - self.previous)
         self.previous = now
+        if not self.live_text:
+            self.held.extend(new)
+            return True
         delta = self.text.add(new)
         if delta:
             self.job.post("text", delta)
@@ -108,7 +114,8 @@ class _Client:
             self.job.post("error", APIError(500, f"generation failed: {request.error}",
                                             type="server_error"))
             return
-        rest = self.text.finish()
+        rest = self.text.add(self.held) + self.text.finish()
+        self.held = []
         if rest:
             self.job.post("text", rest)
         self.job.post("done", self._outcome(request))

@@ -94,6 +94,7 @@ class _Request(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    cache_prompt: bool = True       # llama-server's: false = prefill the whole prompt afresh
 
     @model_validator(mode="before")
     @classmethod

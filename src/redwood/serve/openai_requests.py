@@ -41,6 +41,7 @@ class GenerationRequest:
     sampling: SamplingParams        # max_new_tokens is the request's max_tokens
     stream: bool = False
     include_usage: bool = False     # stream_options.include_usage
+    cache_prompt: bool = True       # llama-server's field: reuse the cached prompt prefix
 
 
 def _bad(param: str, message: str, code: str | None = None) -> APIError:
@@ -134,4 +135,5 @@ def parse_request(body, kind: str, tokenizer, context: int, vocab_size: int,
     include_usage = request.stream and request.stream_options is not None \
         and request.stream_options.include_usage
     return GenerationRequest(kind=kind, prompt_ids=ids, sampling=sampling,
-                             stream=request.stream, include_usage=include_usage)
+                             stream=request.stream, include_usage=include_usage,
+                             cache_prompt=request.cache_prompt)

@@ -30,6 +30,7 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     speculative: dict               # the response's extra "redwood" field
+    cached_tokens: int = 0          # prompt tokens reused from the prompt cache
 
 
 @dataclass
@@ -135,8 +136,14 @@ class GenerationWorker:
         stream = self.engine.stream(
             torch.tensor([req.prompt_ids], dtype=torch.long), params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            seed=params.seed, method=self.method, **self._drafting(params.temperature))
+            seed=params.seed, method=self.method, cache_prompt=req.cache_prompt,
+            **self._drafting(params.temperature))
         text = IncrementalText(self.tokenizer, list(params.stop))
+        # Text per step only when someone reads it then (a stream) or a stop string may end
+        # it; otherwise the tokens are decoded once at the end: per-step decoding and posting
+        # woke the event loop thread every token, which on 2 cores stalls llama.cpp's threads.
+        live_text = req.stream or bool(params.stop)
+        held: list[int] = []
         steps: list[int] = []           # tokens gained by each target forward
         previous = None
         try:
@@ -145,7 +152,7 @@ class GenerationWorker:
                     job.post("error", APIError(503, "the request was cancelled",
                                                type="server_error", code="cancelled"))
                     return
-                step_ids = list(step_ids)[: params.max_new_tokens - text.n_tokens]
+                step_ids = list(step_ids)[: params.max_new_tokens - text.n_tokens - len(held)]
                 now = time.perf_counter()
                 if previous is None and step_ids:
                     self.metrics.ttft.observe(now - job.arrived)
@@ -153,6 +160,9 @@ class GenerationWorker:
                 self.metrics.observe_step(len(step_ids), since_previous)
                 previous = now
                 steps.append(len(step_ids))
+                if not live_text:
+                    held.extend(step_ids)
+                    continue
                 delta = text.add(step_ids)
                 if delta:
                     job.post("text", delta)
@@ -160,7 +170,7 @@ class GenerationWorker:
                     break           # stream.result (it stops at max_tokens or EOS)
         finally:
             stream.close()
-        rest = text.finish()
+        rest = text.add(held) + text.finish()
         if rest:
             job.post("text", rest)
         job.post("done", self._outcome(req, text, steps, getattr(stream, "result", None)))
@@ -186,6 +196,8 @@ class GenerationWorker:
                                          for k, v in result.stats.governor.items()},
                                predicted_vs_observed=result.stats.predicted_vs_observed())
             self.metrics.observe_prediction(result.stats)
+            self.metrics.cached_prompt_tokens.inc(result.stats.cached_prompt_tokens)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(req.prompt_ids), completion_tokens=text.n_tokens,
-                       speculative=speculative)
+                       speculative=speculative,
+                       cached_tokens=result.stats.cached_prompt_tokens if result is not None else 0)

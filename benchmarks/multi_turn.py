@@ -36,13 +36,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from redwood.bench.http_client import complete
-    from redwood.bench.server_bench import _alone, request_body, start_servers, stop_servers
-    from redwood.bench.server_run import _setup, cpu_description, find_llama_server
+    from redwood.bench.server_bench import alone, request_body, start_servers, stop_servers
+    from redwood.bench.server_run import cpu_description, find_llama_server, server_setup
     from redwood.bench.server_specs import check_methods
     from redwood.edit_tasks import edit_tasks
     from redwood.prompts import encode_chat
 
-    setup, tokenizer = _setup(find_llama_server(None), None, None)
+    setup, tokenizer = server_setup(find_llama_server(None), None, None)
     methods = check_methods(args.methods)
     servers = start_servers(methods, setup, Path(args.out_dir) / "server-logs")
     rows = []
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                     messages.append({"role": "user", "content": text})
                     ids = encode_chat(tokenizer, messages)
                     body = dict(request_body(ids, 0.0, 0, args.max_tokens, False), cache_prompt=True)
-                    reply = _alone(name, servers, lambda: complete(servers[name].url, body))
+                    reply = alone(name, servers, lambda: complete(servers[name].url, body))
                     usage = reply.extra.get("usage") or {}
                     timings = reply.extra.get("timings") or {}
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")

@@ -213,13 +213,30 @@ class LlamaCppBackend:
         return self._length
 
     def append(self, ids, rows: int = 1) -> torch.Tensor:
+        out = self._append(ids, rows, copy=True)
+        return torch.cat(out) if out else torch.empty(0, self.vocab_size)
+
+    def append_logits_view(self, ids) -> np.ndarray:
+        """append(ids, rows=1)[0] without its copy: the last token's logits [V] float32 as a
+        view of llama.cpp's output buffer, valid until the next decode on this context (read
+        it before then). The plain decoding path: copying a 151,936-float row into a fresh
+        tensor and taking torch's argmax cost 0.3 ms of a 36 ms step here; numpy's argmax on
+        the view costs 0.01 ms. Only the last chunk yields that row, so the view is current."""
+        out = self._append(ids, 1, copy=False)
+        if not out:
+            raise RedwoodError("append_logits_view needs at least one token")
+        return out[-1][0]
+
+    def _append(self, ids, rows: int, copy: bool) -> list:
+        """append's work: the logits of the last `rows` tokens per chunk, as tensors (copy) or
+        numpy views of llama.cpp's buffer."""
         self._live()
         if self._step is not None:
             raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
         ids = self._token_ids(ids)
         n, rows = len(ids), max(0, min(int(rows), len(ids)))
         if n == 0:
-            return torch.empty(0, self.vocab_size)
+            return []
         self._check_room(n, f"appending {n} tokens")
         start, out = self._length, []
         try:
@@ -230,32 +247,13 @@ class LlamaCppBackend:
                 self._batch.fill_causal(chunk, start + lo, want)
                 self._decode(f"appending {n} tokens at position {start}")
                 if want:
-                    out.append(self._logits(want))
+                    out.append(self._logits(want) if copy else self._logits_view(want))
         except BaseException:
             self._llama.llama_memory_seq_rm(self._mem, -1, start, -1)
             raise
         self._length = start + n
         self._tokens.extend(int(t) for t in ids)
-        return torch.cat(out) if out else torch.empty(0, self.vocab_size)
-
-    def append_logits_view(self, ids) -> np.ndarray:
-        """append(ids, rows=1)[0] without its copy: the last token's logits [V] float32 as a
-        view of llama.cpp's output buffer, valid until the next decode on this context (read
-        it before then). The plain decoding path: copying a 151,936-float row into a fresh
-        tensor and taking torch's argmax cost 0.3 ms of a 36 ms step here; numpy's argmax on
-        the view costs 0.01 ms."""
-        self._live()
-        ids = self._token_ids(ids)
-        if self._step is not None or len(ids) == 0 or len(ids) > self.n_batch:
-            return self.append(ids, rows=1)[0].numpy()
-        self._check_room(len(ids), f"appending {len(ids)} tokens")
-        start = self._length
-        self._batch.fill_causal(ids, start, 1)
-        self._decode(f"appending {len(ids)} tokens at position {start}")
-        self._length = start + len(ids)
-        self._tokens.extend(int(t) for t in ids)
-        pointer = self._llama.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(1, self.vocab_size))[0]
+        return out
 
     def run_tree(self, tree: Tree, nodes: Sequence[int], tokens: torch.Tensor,
                  root_position: int, rows: Sequence[int] | None = None) -> torch.Tensor:
@@ -415,6 +413,8 @@ class LlamaCppBackend:
                                f"{what}{_native_errors()}")
 
     def _logits(self, rows: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._logits_view(rows), dtype=np.float32))
+
+    def _logits_view(self, rows: int) -> np.ndarray:
         pointer = self._llama.llama_get_logits(self._ctx)   # fetch anew: the buffer may move
-        view = np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
-        return torch.from_numpy(np.array(view, dtype=np.float32))
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))

@@ -126,7 +126,7 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                 body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
                                     config.stream)
                 for order, name in enumerate(rotated(names, i + r)):
-                    reply = _alone(name, servers, lambda: complete(urls[name], body))
+                    reply = alone(name, servers, lambda: complete(urls[name], body))
                     tokens = reply.completion_tokens
                     if tokens is None:
                         raise RedwoodError(f"{name} gave no usage.completion_tokens")
@@ -144,7 +144,7 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
     return records
 
 
-def _alone(name: str, servers: dict, call):
+def alone(name: str, servers: dict, call):
     """call() with every server but `name` paused."""
     others = [s for n, s in servers.items() if n != name]
     for server in others:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import time
 from pathlib import Path
@@ -31,20 +30,18 @@ def find_llama_server(given: str | None) -> str | None:
 
 
 def cpu_description() -> dict:
-    """The CPU model, its flags and the llama-server build, for the report."""
-    info = {"model": platform.processor() or platform.machine(), "flags": "", "cores": os.cpu_count()}
+    """The CPU model, its flags and SIMD level, for the report."""
+    from redwood.measure.machine_profile import cpu_model
+
+    info = {"model": cpu_model(), "flags": "", "cores": os.cpu_count()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and info["flags"] == "":
-                info["model"] = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                info["flags"] = line.split(":", 1)[1].strip()
-                break
+        info["flags"] = next((line.split(":", 1)[1].strip() for line in
+                              Path("/proc/cpuinfo").read_text().splitlines()
+                              if line.startswith("flags")), "")
     except OSError:
         pass
-    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-            if f in info["flags"].split()]
-    info["simd"] = simd
+    info["simd"] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+                    if f in info["flags"].split()]
     return info
 
 
@@ -60,7 +57,7 @@ class _Tokenizing:
         return [encode_prompt(self.tokenizer, text) for text in texts]
 
 
-def _setup(llama_server: str | None, target: str | None, draft: str | None):
+def server_setup(llama_server: str | None, target: str | None, draft: str | None):
     """(ServerSetup, tokenizer) for the shipped pair or explicit GGUF files."""
     from redwood.models.hf_loading import load_tokenizer
     from redwood.backends.llamacpp import free_cores
@@ -89,7 +86,7 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
     config.check()
     methods = check_methods(config.methods)
     binary = find_llama_server(llama_server)
-    setup, tokenizer = _setup(binary, target, draft)
+    setup, tokenizer = server_setup(binary, target, draft)
     prompts, notes = load_prompt_sets(_Tokenizing(tokenizer), config.prompt_sets, config.prompts)
     out_dir = Path(config.out_dir)
     log_dir = Path(config.log_dir) if config.log_dir else out_dir / "server-logs"

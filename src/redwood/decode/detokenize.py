@@ -19,9 +19,14 @@ class IncrementalText:
     does not depend on how many tokens a speculative step happened to yield.
     """
 
-    def __init__(self, tokenizer, stop: list[str] | None = None):
+    def __init__(self, tokenizer, stop: list[str] | None = None, live: bool = True):
+        """live=False (nobody reads the text before the end: a non-streamed answer): without
+        stop strings `add` only collects ids and `finish` decodes once. Decoding every step
+        and handing each piece to the event loop cost CPU that llama.cpp's threads need on a
+        2-core machine; with stop strings the text is still decoded per step to find them."""
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
+        self.deferred = not live and not self.stop
         self.tokens: list[int] = []
         self.text = ""          # all text decoded so far (cut at the stop string once stopped)
         self.emitted = 0        # characters of self.text already returned
@@ -37,6 +42,9 @@ class IncrementalText:
     def add(self, new_ids: list[int]) -> str:
         if self.stopped or not new_ids:
             return ""
+        if self.deferred:
+            self.tokens.extend(int(t) for t in new_ids)
+            return ""
         previous_count = len(self.tokens)
         self.tokens.extend(int(t) for t in new_ids)
         self.text = self._decode(self.tokens)
@@ -51,6 +59,8 @@ class IncrementalText:
 
     def finish(self) -> str:
         """The rest of the text at the end of generation (nothing more is held back)."""
+        if self.deferred:
+            self.text = self._decode(self.tokens)
         if not self.stopped:
             self._stop_at(len(self.text), 0)
         return self._take(len(self.text))

@@ -220,9 +220,9 @@ class Engine:
     def _prefill(self, prompt, drafter, options: DecodeOptions, stats: StepStats):
         """(first logits, unrun). With options.cache_prompt, the target (and the draft) keep
         the longest cached prefix of what they would prefill and run only the rest
-        (stats.cached_prompt_tokens: the target's kept tokens). Speculative (a drafter given): every prompt token but the
-        last, which becomes the first root, so even the first new token comes from a verified
-        step. The draft prefills them; the target too, unless `fuse`: then they are returned
+        (stats.cached_prompt_tokens: the target's kept tokens). Speculative (a drafter
+        given): every prompt token but the last, which becomes the first root, so even the
+        first new token comes from a verified step. The draft prefills them; the target too, unless `fuse`: then they are returned
         as `unrun` [L-1] and the first step runs them in its verify forward (prefill_tree,
         docs/design.md §5.4), so prefill_seconds holds the draft's prefill alone. Plain
         decoding: prefill the whole prompt and return its last row's logits [1, V] for the
@@ -230,9 +230,7 @@ class Engine:
         differ by batch size, so near-ties resolve as plain llama.cpp's)."""
         target = self.target_backend
         reuse = options.cache_prompt and hasattr(target, "keep_prefix")
-        for model_drafter in (drafter, getattr(drafter, "model", None)):   # hybrid: its model
-            if model_drafter is not None and hasattr(model_drafter, "reuse_prefix"):
-                model_drafter.reuse_prefix = options.cache_prompt
+        _set_for_request(drafter, "reuse_prefix", options.cache_prompt)
         # the last prompt token is always run: its logits (plain) or it is the first root
         kept = target.keep_prefix(prompt, len(prompt) - 1) if reuse else 0
         if not reuse:
@@ -254,9 +252,7 @@ class Engine:
         plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
         costs = LiveCosts(self.profile.target_ms) if self.live_costs else None
         self.last_costs = costs
-        for sizer in (drafter, getattr(drafter, "ngram", None)):     # hybrid: its n-gram part
-            if sizer is not None and hasattr(sizer, "costs"):
-                sizer.costs = costs
+        _set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
 
     def _autoregressive_step(self, root, params, generator, stats, unrun=None, costs=None):
@@ -417,6 +413,14 @@ def check_same_vocab(target, draft) -> int:
             f"vocabularies differ: target {target.name} has {target.vocab_size} tokens, draft "
             f"{draft.name} has {draft.vocab_size}; pick a draft that shares the target's tokenizer")
     return target.vocab_size
+
+
+def _set_for_request(drafter, name: str, value) -> None:
+    """Set a request's setting on the drafter and on the parts a hybrid drafter is made of
+    (its `model` and `ngram` drafters), wherever that attribute exists."""
+    for part in (drafter, getattr(drafter, "model", None), getattr(drafter, "ngram", None)):
+        if part is not None and hasattr(part, name):
+            setattr(part, name, value)
 
 
 def _method_tree(method: str, tree: Tree) -> Tree:

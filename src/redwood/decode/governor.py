@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from redwood.plan.live_costs import DRAFT, measured_ms  # noqa: F401  (measured_ms: re-exported)
+
 
 @dataclass
 class Governor:
@@ -100,22 +102,12 @@ def step_ms(profile, tree, draft_levels: int, costs=None) -> float:
     costs (plan.live_costs.LiveCosts): both parts corrected by what this request measured."""
     if costs is None:
         return target_ms(profile, len(tree)) + draft_ms(profile, tree, draft_levels)
-    from redwood.plan.live_costs import DRAFT
-
     return costs.target_ms(len(tree)) + draft_ms(profile, tree, draft_levels) * costs.ratio(DRAFT)
 
 
 def target_ms(profile, n: int) -> float:
     """The target's forward over n tokens (see measured_ms)."""
     return measured_ms(profile.target_ms, n)
-
-
-def measured_ms(times: dict[int, float], n: int) -> float:
-    """times {size: ms} at size n: the nearest measured size at or above n, scaled linearly
-    beyond the largest (never interpolated between measured sizes)."""
-    sizes = sorted(times)
-    above = [s for s in sizes if s >= n]
-    return times[above[0]] if above else times[sizes[-1]] * n / sizes[-1]
 
 
 def draft_level_ms(profile, width: int) -> float:

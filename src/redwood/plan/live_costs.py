@@ -38,6 +38,20 @@ import math
 DRAFT = "draft"
 
 
+def measured_size(sizes: list[int], n: int) -> int:
+    """The measured size whose time predicts a forward over n tokens: the nearest at or above
+    n, the largest beyond them (sizes sorted ascending)."""
+    above = [s for s in sizes if s >= n]
+    return above[0] if above else sizes[-1]
+
+
+def measured_ms(times: dict[int, float], n: int) -> float:
+    """times {size: ms} at size n: the nearest measured size at or above n, scaled linearly
+    beyond the largest (never interpolated between measured sizes)."""
+    key = measured_size(sorted(times), n)
+    return times[key] * (n / key if n > key else 1.0)
+
+
 class LiveCosts:
     """observed / predicted forward times on one request (module doc). target_ms: the
     profile's {n: ms} (n = tree nodes, root included; must include 1)."""
@@ -65,14 +79,11 @@ class LiveCosts:
     # -- what the profile says, and the corrected figure ------------------------------------
     def size_key(self, n: int) -> int:
         """The measured size whose time predicts a forward over n tokens."""
-        above = [s for s in self.sizes if s >= n]
-        return above[0] if above else self.sizes[-1]
+        return measured_size(self.sizes, n)
 
     def predicted_ms(self, n: int) -> float:
-        """The profile's t(n): the nearest measured size at or above, linear beyond the largest
-        (as decode.governor.measured_ms)."""
-        key = self.size_key(n)
-        return self.profile_ms[key] * (n / key if n > key else 1.0)
+        """The profile's t(n) (measured_ms)."""
+        return measured_ms(self.profile_ms, n)
 
     def target_ms(self, n: int) -> float:
         """t(n) as this request's forwards have cost: the profile's times the learnt ratio."""

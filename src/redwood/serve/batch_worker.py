@@ -81,11 +81,9 @@ class _Client:
 
     def __init__(self, job: Job, tokenizer, metrics: ServerMetrics, method: str):
         self.job, self.metrics, self.method = job, metrics, method
-        self.text = IncrementalText(tokenizer, list(job.request.sampling.stop))
+        self.text = IncrementalText(tokenizer, list(job.request.sampling.stop),
+                                    live=job.request.stream)
         self.previous: float | None = None
-        # decoded per step only when streamed or a stop string may end it (worker.py's reason)
-        self.live_text = job.request.stream or bool(job.request.sampling.stop)
-        self.held: list[int] = []
 
     def on_tokens(self, request: BatchRequest, new: list[int]) -> bool:
         if self.job.cancelled.is_set():
@@ -95,9 +93,6 @@ class _Client:
             self.metrics.ttft.observe(now - self.job.arrived)
         self.metrics.observe_step(len(new), None if self.previous is None else now - self.previous)
         self.previous = now
-        if not self.live_text:
-            self.held.extend(new)
-            return True
         delta = self.text.add(new)
         if delta:
             self.job.post("text", delta)
@@ -114,8 +109,7 @@ class _Client:
             self.job.post("error", APIError(500, f"generation failed: {request.error}",
                                             type="server_error"))
             return
-        rest = self.text.add(self.held) + self.text.finish()
-        self.held = []
+        rest = self.text.finish()
         if rest:
             self.job.post("text", rest)
         self.job.post("done", self._outcome(request))

@@ -138,12 +138,7 @@ class GenerationWorker:
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             seed=params.seed, method=self.method, cache_prompt=req.cache_prompt,
             **self._drafting(params.temperature))
-        text = IncrementalText(self.tokenizer, list(params.stop))
-        # Text per step only when someone reads it then (a stream) or a stop string may end
-        # it; otherwise the tokens are decoded once at the end: per-step decoding and posting
-        # woke the event loop thread every token, which on 2 cores stalls llama.cpp's threads.
-        live_text = req.stream or bool(params.stop)
-        held: list[int] = []
+        text = IncrementalText(self.tokenizer, list(params.stop), live=req.stream)
         steps: list[int] = []           # tokens gained by each target forward
         previous = None
         try:
@@ -152,7 +147,7 @@ class GenerationWorker:
                     job.post("error", APIError(503, "the request was cancelled",
                                                type="server_error", code="cancelled"))
                     return
-                step_ids = list(step_ids)[: params.max_new_tokens - text.n_tokens - len(held)]
+                step_ids = list(step_ids)[: params.max_new_tokens - text.n_tokens]
                 now = time.perf_counter()
                 if previous is None and step_ids:
                     self.metrics.ttft.observe(now - job.arrived)
@@ -160,9 +155,6 @@ class GenerationWorker:
                 self.metrics.observe_step(len(step_ids), since_previous)
                 previous = now
                 steps.append(len(step_ids))
-                if not live_text:
-                    held.extend(step_ids)
-                    continue
                 delta = text.add(step_ids)
                 if delta:
                     job.post("text", delta)
@@ -170,7 +162,7 @@ class GenerationWorker:
                     break           # stream.result (it stops at max_tokens or EOS)
         finally:
             stream.close()
-        rest = text.add(held) + text.finish()
+        rest = text.finish()
         if rest:
             job.post("text", rest)
         job.post("done", self._outcome(req, text, steps, getattr(stream, "result", None)))

@@ -389,3 +389,44 @@ def test_scheduler_turns_plain_when_speculative_steps_cost_more(paths, engine, m
     finally:
         for ctx in made:
             ctx.close()
+
+
+def test_prefix_cache_through_the_batched_server(paths, engine, tokenizer):
+    """A follow-up turn reports its reused prompt tokens in usage (streamed usage too), a
+    request with "cache_prompt": false reuses none and answers the same, and a burst of
+    requests sharing a long prefix evaluates it once: /metrics counts the hits and the reused
+    tokens (the prefix, once per follower)."""
+    scheduler = make_scheduler(paths, lanes=4)
+    app = create_app(scheduler, tokenizer, ServerConfig(model_name="tiny", max_queue=16))
+    system = (CLEAR_PROMPTS[4] + CLEAR_PROMPTS[6] + CLEAR_PROMPTS[1]) * 3        # 66 tokens
+    with running(app) as url, httpx.Client(timeout=DEADLINE_S) as http:
+        def complete(prompt, **extra):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0}
+            response = http.post(url + "/v1/completions", json={**body, **extra})
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        first = complete(CLEAR_PROMPTS[0])
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        turn2 = CLEAR_PROMPTS[0] + tokenizer.encode(first["choices"][0]["text"]) + CLEAR_PROMPTS[2]
+        second = complete(turn2)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(CLEAR_PROMPTS[0])
+        fresh = complete(turn2, cache_prompt=False)
+        assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert fresh["choices"][0]["text"] == second["choices"][0]["text"]
+        before = scrape(url)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            burst = list(pool.map(lambda i: complete(system + CLEAR_PROMPTS[i]), range(4)))
+        wait_until(lambda: scheduler.idle, "the batch to drain")
+        after = scrape(url)
+    for i, answer in enumerate(burst):
+        alone = engine.generate(torch.tensor(system + CLEAR_PROMPTS[i]), 10).tokens
+        assert answer["choices"][0]["text"] == tokenizer.decode(alone, skip_special_tokens=True)
+    reused = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in burst]
+    assert sorted(reused)[1:] == [len(system)] * 3          # everyone but the first shares it
+    gained = (metric(after, "redwood_prompt_cached_tokens_total")
+              - metric(before, "redwood_prompt_cached_tokens_total"))
+    assert gained == sum(reused)
+    assert metric(after, "redwood_prefix_cache_lookups_total", result="hit") >= 1
+    assert metric(after, "redwood_prefix_cache_cells") > 0
+    assert_all_free(scheduler.target, scheduler.draft)

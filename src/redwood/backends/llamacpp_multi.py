@@ -16,6 +16,15 @@ the draft's pending tokens) and `TreeNodes` (tentative tree nodes) for distinct 
 by n_batch. `keep_path(lane, nodes)` compacts one lane to its accepted path and `release(lane)`
 removes every cell of the lane (seq_rm of all its ids); neither touches other lanes.
 
+Prefix cache (docs/design.md §5.5): a lane records the token ids of its committed cells
+(`Lane.tokens`, appended only after a decode succeeded, so it never names a cell that was not
+fully evaluated). `release(lane, keep=True)` leaves a finished request's cells resident and
+indexes them in a radix tree; `cached_prefix(ids)` finds the idle lane sharing the longest
+prefix, `acquire(lane, keep)` takes it with the first `keep` cells, `share(src, dst, end)`
+lets a lane reuse another lane's committed cells by `seq_cp` (the cells are shared, not
+copied), and `evict(lane)` frees an idle lane's cache. What to keep and evict is the
+scheduler's policy (serve/prefix_reuse.py).
+
 Everything that would abort the process (more tokens than n_batch, more leaves than the lane
 holds, more cells than the context) is refused in Python before the native call, as in
 llamacpp.py, whose helpers (checks, NativeBatch, TreeSeqs, logits copy) are reused here.
@@ -31,6 +40,7 @@ import torch
 from redwood.backends.base import tree_limits_error
 from redwood.backends.llamacpp import LLAMA_MAX_SEQ, LlamaCppBackend
 from redwood.backends.llamacpp_batch import TreeSeqs, check_path
+from redwood.backends.radix_tree import RadixTree, common_prefix
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -44,6 +54,8 @@ class Lane:
     length: int = 0                  # committed tokens (positions 0..length-1 on `base`)
     step: dict | None = None         # the tentative tree of the current step, or None
     busy: bool = False
+    tokens: list[int] = field(default_factory=list)   # ids of the committed cells [length]
+    used: int = 0                    # when it was last released (LRU order of idle caches)
 
     @property
     def cells(self) -> int:
@@ -104,6 +116,8 @@ class MultiSeqContext:
         self.n_ctx, self.n_batch = backend.n_ctx, backend.n_batch
         self.vocab_size, self.eos_ids, self.name = backend.vocab_size, backend.eos_ids, backend.name
         self._layouts: dict[tuple, TreeSeqs] = {}
+        self.index = RadixTree()          # idle lanes' cached tokens, by lane index
+        self._clock = 0
 
     @classmethod
     def load(cls, path, lanes: int, leaves_per_lane: int = 16, n_ctx: int = 8192,
@@ -123,24 +137,95 @@ class MultiSeqContext:
         self.backend.close()
 
     # -- lanes -------------------------------------------------------------------------
-    def acquire(self) -> Lane:
-        """A free lane (empty cache), or RedwoodError when every lane is taken."""
-        for lane in self.lanes:
-            if not lane.busy:
-                lane.busy, lane.length, lane.step = True, 0, None
-                return lane
-        raise RedwoodError(f"all {len(self.lanes)} lanes of {self.name} are in use")
-
-    def release(self, lane: Lane) -> None:
-        """Remove every cell of the lane (all its ids) and free it; other lanes are untouched."""
+    def acquire(self, lane: Lane | None = None, keep: int = 0) -> Lane:
+        """Hold a lane. lane None: a free lane with nothing cached, else the least recently
+        used idle lane, its cache evicted. An idle `lane` given: it keeps its first `keep`
+        cached cells (the rest are removed). RedwoodError when every lane is taken."""
+        if lane is None:
+            idle = [x for x in self.lanes if not x.busy]
+            if not idle:
+                raise RedwoodError(f"all {len(self.lanes)} lanes of {self.name} are in use")
+            lane = min(idle, key=lambda x: (x.length > 0, x.used))
+            keep = 0
+        elif lane.busy or lane not in self.lanes:
+            raise RedwoodError("acquire: that lane is not an idle lane of this context")
         self.backend._live()
-        seq_rm, mem = self.backend._llama.llama_memory_seq_rm, self.backend._mem
-        for seq in range(lane.base, lane.base + lane.width):
-            seq_rm(mem, seq, -1, -1)
-        lane.busy, lane.length, lane.step = False, 0, None
+        keep = max(0, min(int(keep), lane.length))
+        if lane.index in self.index:
+            self.index.remove(lane.index)
+        if keep < lane.length:
+            self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, keep, -1)
+        lane.busy, lane.length, lane.step, lane.tokens = True, keep, None, lane.tokens[:keep]
+        return lane
+
+    def release(self, lane: Lane, keep: bool = False) -> None:
+        """Free the lane. keep False: remove every cell of it (all its ids). keep True: its
+        tentative nodes go, its committed cells stay cached (indexed by their tokens)."""
+        self.backend._live()
+        if keep:
+            self.drop_tentative(lane)
+        else:
+            seq_rm, mem = self.backend._llama.llama_memory_seq_rm, self.backend._mem
+            for seq in range(lane.base, lane.base + lane.width):
+                seq_rm(mem, seq, -1, -1)
+            lane.length, lane.tokens = 0, []
+        self._clock += 1
+        lane.busy, lane.step, lane.used = False, None, self._clock
+        if lane.length:
+            self.index.insert(lane.index, lane.tokens)
+
+    def evict(self, lane: Lane) -> int:
+        """Drop an idle lane's cached cells; returns how many there were."""
+        if lane.busy:
+            raise RedwoodError("evict: the lane is in use")
+        cells = lane.length
+        if cells:
+            self.index.remove(lane.index)
+            self.backend._live()
+            self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, -1, -1)
+            lane.length, lane.tokens = 0, []
+        return cells
+
+    def cached_prefix(self, ids) -> tuple[int, Lane | None]:
+        """(length, idle lane): the idle lane whose cache shares the longest prefix with `ids`
+        (the most recently used of equals), or (0, None)."""
+        length, owners = self.index.longest_prefix(ids)
+        if not length or not owners:
+            return 0, None
+        return length, max((self.lanes[i] for i in owners), key=lambda x: x.used)
+
+    def live_prefix(self, ids, exclude: Lane | None = None) -> tuple[int, Lane | None]:
+        """(length, busy lane): the busy lane whose committed tokens share the longest prefix
+        with `ids` (a scan: at most a batch of lanes), or (0, None)."""
+        best, source = 0, None
+        for lane in self.lanes:
+            if lane.busy and lane is not exclude and lane.length > best:
+                k = common_prefix(lane.tokens, ids)
+                if k > best:
+                    best, source = k, lane
+        return best, source
+
+    def share(self, source: Lane, lane: Lane, end: int) -> None:
+        """Give `lane` the committed cells of `source` at positions lane.length..end-1: the
+        tokens must agree up to `end` (the cells are shared through seq_cp, not copied)."""
+        if not lane.busy or lane.step is not None or source.step is not None:
+            raise RedwoodError("share: both lanes must be held, with no tentative nodes")
+        if not lane.length <= end <= source.length \
+                or common_prefix(source.tokens, lane.tokens) < lane.length:
+            raise RedwoodError(f"share: the lanes do not agree on positions 0..{end - 1}")
+        self.backend._live()
+        self.backend._llama.llama_memory_seq_cp(self.backend._mem, source.base, lane.base,
+                                                lane.length, end)
+        lane.tokens.extend(source.tokens[lane.length:end])
+        lane.length = end
 
     def used_cells(self) -> int:
-        return sum(lane.cells for lane in self.lanes if lane.busy)
+        """Cells held by lanes (busy ones' committed and tentative cells, idle caches); shared
+        cells count once per lane, so this bounds what llama.cpp really holds."""
+        return sum(lane.cells for lane in self.lanes)
+
+    def idle_cells(self) -> int:
+        return sum(lane.length for lane in self.lanes if not lane.busy)
 
     def seq_pos_max(self, seq: int) -> int:
         """The last position held by sequence id `seq` (-1: no cells), from llama.cpp itself."""
@@ -234,7 +319,7 @@ class MultiSeqContext:
                 raise RedwoodError(f"tree job root_position {job.root_position} must be the lane's "
                                    f"length {lane.length} or {lane.length - 1}")
             step = {"layout": layout, "root": job.root_position, "ran": set(), "cells": 0,
-                    "root_run": job.root_position == lane.length}
+                    "root_run": job.root_position == lane.length, "tokens": {}}
         elif layout.parents != step["layout"].parents or job.root_position != step["root"]:
             raise RedwoodError("tree job with another tree or root position in the same step")
         self.backend._check_nodes(step, nodes)
@@ -249,8 +334,10 @@ class MultiSeqContext:
         lane = p.job.lane
         if isinstance(p.job, Append):
             lane.length += len(p.ids)
+            lane.tokens.extend(p.ids.tolist())
         else:
             p.step["ran"].update(int(u) for u in p.job.nodes)
+            p.step["tokens"].update(zip((int(u) for u in p.job.nodes), p.ids.tolist()))
             p.step["cells"] += len(p.ids)
 
     def _roll_back(self, prepared: list[_Prepared]) -> None:
@@ -286,6 +373,7 @@ class MultiSeqContext:
         if keep != lane.base:                                   # move the path back to base
             llama.llama_memory_seq_cp(mem, keep, lane.base, -1, -1)
             llama.llama_memory_seq_rm(mem, keep, -1, -1)
+        lane.tokens.extend(step["tokens"][u] for u in nodes)
         lane.length, lane.step = position + 1, None
 
     def drop_tentative(self, lane: Lane) -> None:
@@ -304,7 +392,7 @@ class MultiSeqContext:
         self.drop_tentative(lane)
         if 0 <= length < lane.length:
             self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, length, -1)
-            lane.length = length
+            lane.length, lane.tokens = length, lane.tokens[:length]
 
     def _layout(self, tree: Tree) -> TreeSeqs:
         key = tuple(tree.parents)

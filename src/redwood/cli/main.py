@@ -227,10 +227,15 @@ def _add_serve(sub):
                    "trees planned for the batch (default: from this machine's profile, at most "
                    "16); 1 = one request at a time. The transformers backend serves one at a time")
     p.add_argument("--no-prompt-cache", action="store_true",
-                   help="prefill every prompt in full (default: one request at a time reuses "
-                   "the KV of the longest prefix it shares with the previous request, as "
-                   "llama-server's cache_prompt; a request may also send \"cache_prompt\": "
-                   "false). The batched scheduler prefills every prompt today")
+                   help="prefill every prompt in full (default: reuse the KV of the longest "
+                   "cached prefix, as llama-server's cache_prompt: batched, finished requests' "
+                   "cells stay cached and concurrent requests share a common prefix; one at a "
+                   "time, the previous request's. A request may also send \"cache_prompt\": "
+                   "false)")
+    p.add_argument("--cache-tokens", type=int, default=None, metavar="N",
+                   help="batched: at most N KV cells held by finished requests' cached prefixes "
+                   "(least recently used evicted first; default: whatever live requests leave "
+                   "free; live requests always get their room)")
     p.add_argument("--served-name", default=None,
                    help="model id shown in /v1/models and responses (default: the model's name)")
     p.set_defaults(func=_cmd_serve)
@@ -272,6 +277,8 @@ def _cmd_serve(args):
     model_config = _model_config(args)
     if args.max_batch is not None and args.max_batch < 1:
         raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.cache_tokens is not None and args.cache_tokens < 0:
+        raise RedwoodError(f"--cache-tokens must be at least 0, got {args.cache_tokens}")
     if args.drafter != "model" and backend == "llamacpp" and args.max_batch not in (None, 1):
         raise RedwoodError("continuous batching drafts with the draft model; use --max-batch 1 "
                            f"with --drafter {args.drafter} (one request at a time)")
@@ -279,7 +286,9 @@ def _cmd_serve(args):
         from redwood.serve.batch_setup import load_batch_scheduler
 
         engine, tokenizer = load_batch_scheduler(args.model, args.target, args.draft, args.tree,
-                                                 args.max_batch, args.method)
+                                                 args.max_batch, args.method,
+                                                 prefix_cache=not args.no_prompt_cache,
+                                                 cache_tokens=args.cache_tokens)
         bundle = None
         print(f"redwood serve: continuous batching of up to {engine.max_batch} requests",
               file=sys.stderr)

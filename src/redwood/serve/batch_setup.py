@@ -110,13 +110,15 @@ def acceptance_by_temperature(bundle=None):
 
 def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_batch=None,
                          method: str = "sequoia", progress: bool = True,
-                         n_threads: int | None = None, cache_dir=None):
+                         n_threads: int | None = None, cache_dir=None, prefix_cache: bool = True,
+                         cache_tokens: int | None = None):
     """(scheduler, tokenizer) for the shipped pair `model` or explicit GGUF paths.
 
     tree: None or a bundle dir / "auto" (the batch planner, with the bundle's acceptance
     vectors), or a tree JSON (that tree for every request). method "autoregressive": plain
     batched decoding, no draft loaded. max_batch None: from this machine's profile (16 lanes
-    are made; without speculation all 16 are used)."""
+    are made; without speculation all 16 are used; idle lanes hold cached prefixes).
+    prefix_cache / cache_tokens: BatchScheduler's."""
     from redwood.backends.llamacpp_multi import MultiSeqContext
     from redwood.models.hf_loading import load_tokenizer
 
@@ -132,7 +134,8 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
             contexts.append(MultiSeqContext.load(draft, lanes, leaves, n_ctx, N_BATCH, n_threads))
         planner, max_batch = _planner(contexts, fixed, max_batch, progress, cache_dir)
         scheduler = BatchScheduler(contexts[0], contexts[1] if len(contexts) > 1 else None,
-                                   planner, acceptance_by_temperature(bundle), max_batch)
+                                   planner, acceptance_by_temperature(bundle), max_batch,
+                                   prefix_cache=prefix_cache, cache_tokens=cache_tokens)
         return scheduler, load_tokenizer(tokenizer_source)
     except BaseException:
         for ctx in contexts:

@@ -17,6 +17,7 @@ from redwood.decode.sampling import process_logits, sample_token
 from redwood.decode.verify import verify_greedy, verify_tree
 from redwood.plan.batch_planner import ROOT_ONLY
 from redwood.plan.tree import Tree
+from redwood.serve import prefix_reuse
 
 # A request whose draft lags by more than this many tokens does not speculate this step: its
 # draft catches up by chunks first (prefill_chunk tokens a step for all such requests).
@@ -166,10 +167,14 @@ def prefill_chunks(scheduler, room: int) -> list[tuple]:
     """(ids, live) prompt chunks for requests still prefilling the target, at most `room` and
     prefill_chunk tokens in all. The shortest remaining prompt goes first (then the earliest
     admitted), so a short request is not stuck behind a long prompt's chunks: its first token
-    comes a step after admission."""
+    comes a step after admission. With the prefix cache, a request first shares what a live
+    request already evaluated of its prompt, and skips its chunk while an earlier request
+    still evaluates the prefix they share (serve/prefix_reuse.py)."""
     room = min(room, scheduler.prefill_chunk)
     chunks = []
     waiting = [x for x in scheduler.live if not x.ready]
+    if scheduler.prefix_cache:
+        waiting = _after_sharing(scheduler, waiting)
     for live in sorted(waiting, key=lambda x: len(x.prefix) - x.prefilled):
         if room <= 0:
             break
@@ -177,6 +182,25 @@ def prefill_chunks(scheduler, room: int) -> list[tuple]:
         chunks.append((ids, live))
         room -= len(ids)
     return chunks
+
+
+def _after_sharing(scheduler, waiting: list) -> list:
+    """Share live cells into the prefilling requests; those that must wait for a leader drop
+    out of this step's chunks."""
+    stats, runnable = scheduler.cache_stats, []
+    for live in waiting:
+        if not live.request.cache_prompt:
+            runnable.append(live)
+            continue
+        shared = prefix_reuse.share_prefill(scheduler.target, live.target_lane, live.prefix)
+        if shared:
+            live.prefilled += shared
+            live.request.cached_tokens += shared
+            stats.reused_tokens += shared
+            stats.shared_tokens += shared
+        if not live.ready and not prefix_reuse.waits_for_leader(waiting, live):
+            runnable.append(live)
+    return runnable
 
 
 def run_appends(ctx, items: list[tuple]) -> tuple[list, int]:

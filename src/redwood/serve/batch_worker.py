@@ -125,9 +125,10 @@ class _Client:
             "tokens_per_target_forward": round(sum(steps) / forwards, 4) if forwards else 0.0,
             "acceptance_by_depth": [round(c / forwards, 4) for c in reached],
             "mean_tree_nodes": round(sum(sizes) / len(sizes), 4) if sizes else 0.0}
+        self.metrics.cached_prompt_tokens.inc(request.cached_tokens)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(request.prompt), completion_tokens=self.text.n_tokens,
-                       speculative=speculative)
+                       speculative=speculative, cached_tokens=request.cached_tokens)
 
 
 class BatchWorker:
@@ -144,6 +145,7 @@ class BatchWorker:
         self._head: Job | None = None        # taken from the queue, waiting for room
         self._clients: dict[BatchRequest, Job] = {}
         self._stopping = threading.Event()
+        self._cache_seen = (0, 0, 0)         # (lookups, hits, evictions) already exported
 
     def start(self) -> None:
         self._stopping.clear()
@@ -210,7 +212,8 @@ class BatchWorker:
             self._head = None
             client = _Client(job, self.tokenizer, self.metrics, self.method)
             request = BatchRequest(list(req.prompt_ids), req.sampling, self.method,
-                                   on_tokens=client.on_tokens, on_finish=self._finisher(client))
+                                   on_tokens=client.on_tokens, on_finish=self._finisher(client),
+                                   cache_prompt=req.cache_prompt)
             self.metrics.prompt_tokens.inc(len(req.prompt_ids))
             try:
                 self.scheduler.submit(request)
@@ -232,6 +235,11 @@ class BatchWorker:
         self.batch_metrics.live.set(len(self.scheduler.live))
         self.metrics.in_progress.set(len(self.scheduler.live))
         self.metrics.queue_length.set(self.queue.qsize())
+        stats = self.scheduler.cache_stats
+        now = (stats.lookups, stats.hits, stats.evictions)
+        lookups, hits, evictions = (a - b for a, b in zip(now, self._cache_seen))
+        self.metrics.observe_cache(lookups, hits, evictions, self.scheduler.target.idle_cells())
+        self._cache_seen = now
 
     def _shut_down(self) -> None:
         self.scheduler.close()                       # live requests: 503 cancelled

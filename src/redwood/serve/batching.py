@@ -23,6 +23,11 @@ verifier), so the output law is exactly the target's (docs/design.md §4) whatev
 batch. A request whose cancel flag is set is removed at the next step; its lanes are freed
 (seq_rm of all its ids) without touching the others.
 
+Prefix cache (serve/prefix_reuse.py): a finished request's cells stay cached in both contexts;
+a new request reuses the longest cached (or live) prefix of its prompt and prefills the rest;
+requests prefilling a shared prefix together evaluate it once. Idle caches are evicted (LRU)
+when a reservation needs their cells or they exceed `cache_tokens`.
+
 Bounds: at most max_batch live requests; a request needs prompt + max_tokens + the largest
 tree's cells in each context, reserved at admission, so a live request can never run out of
 cache mid-stream; one that could never fit is refused at `submit` (RedwoodError).
@@ -41,7 +46,7 @@ from redwood.decode.drafter import ChildChooser
 from redwood.decode.params import SamplingParams
 from redwood.errors import RedwoodError
 from redwood.plan.batch_planner import LiveAcceptance
-from redwood.serve import batch_steps
+from redwood.serve import batch_steps, prefix_reuse
 
 METHODS = ("sequoia", "specinfer", "chain", "autoregressive")
 MAX_FAILED_STEPS = 3          # consecutive failed steps before the live requests are failed
@@ -64,6 +69,8 @@ class BatchRequest:
     finish_reason: str | None = None
     error: BaseException | None = None
     cancel_requested: bool = False
+    cache_prompt: bool = True                             # reuse a cached prefix of the prompt
+    cached_tokens: int = 0                                # prompt tokens not evaluated (reused)
 
     def cancel(self) -> None:
         """Thread-safe: the scheduler drops the request at its next step."""
@@ -125,11 +132,15 @@ class BatchScheduler:
     each request's acceptance vector for the planner (default: every p_k 0 = no speculation).
     draft None: no speculation at all (plain batched decoding). prefill_chunk: most prompt
     tokens per context per step, so a long prompt does not stall the live requests. clock:
-    seconds, for the step times the planner learns from (tests inject one)."""
+    seconds, for the step times the planner learns from (tests inject one). prefix_cache:
+    keep finished requests' cells and reuse them (False: every prompt is prefilled afresh);
+    cache_tokens: most cells idle caches may hold per context (None: whatever live requests
+    leave free)."""
 
     def __init__(self, target: MultiSeqContext, draft: MultiSeqContext | None, planner,
                  acceptance: Callable | None = None, max_batch: int | None = None,
-                 prefill_chunk: int = 256, clock: Callable[[], float] = time.perf_counter):
+                 prefill_chunk: int = 256, clock: Callable[[], float] = time.perf_counter,
+                 prefix_cache: bool = True, cache_tokens: int | None = None):
         lanes = len(target.lanes) if draft is None else min(len(target.lanes), len(draft.lanes))
         max_batch = lanes if max_batch is None else max_batch
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
@@ -151,6 +162,11 @@ class BatchScheduler:
         self.acceptance = acceptance or (lambda params: (0.0,))
         self.max_batch, self.prefill_chunk = max_batch, max(1, int(prefill_chunk))
         self.clock = clock
+        if cache_tokens is not None and (isinstance(cache_tokens, bool)
+                                         or not isinstance(cache_tokens, int) or cache_tokens < 0):
+            raise RedwoodError(f"cache_tokens must be a non-negative integer, got {cache_tokens!r}")
+        self.prefix_cache, self.cache_tokens = bool(prefix_cache), cache_tokens
+        self.cache_stats = prefix_reuse.PrefixCacheStats()
         self.waiting: collections.deque[BatchRequest] = collections.deque()
         self.live: list[Live] = []
         self.reserved = 0
@@ -232,11 +248,25 @@ class BatchScheduler:
         elif request.method == "autoregressive" or self.draft is None:
             p = (0.0,)
         chooser = ChildChooser.for_request(params, request.method, generator)
-        draft_lane = self.draft.acquire() if self.draft is not None else None
         prefix = request.prompt[:-1]
-        return Live(request, p, generator, chooser, self.target.acquire(), draft_lane, need,
-                    root=request.prompt[-1], prefix=prefix,
-                    pending=list(prefix) if draft_lane is not None else [])
+        reuse = self.prefix_cache and request.cache_prompt
+        target_lane, cached = self._take_lane(self.target, prefix, reuse, need, self.cache_stats)
+        draft_lane, drafted = (self._take_lane(self.draft, prefix, reuse, need)
+                               if self.draft is not None else (None, 0))
+        request.cached_tokens = cached
+        return Live(request, p, generator, chooser, target_lane, draft_lane, need,
+                    root=request.prompt[-1], prefix=prefix, prefilled=cached,
+                    pending=list(prefix[drafted:]) if draft_lane is not None else [])
+
+    def _take_lane(self, ctx, prefix, reuse, need, stats=None):
+        """A lane for a new request (reusing a cached prefix), then room for its reservation."""
+        lane, reused = prefix_reuse.take_lane(ctx, prefix, reuse, stats)
+        prefix_reuse.make_room(ctx, self.reserved + need, self.cache_tokens, stats)
+        if stats is not None and reuse:
+            stats.lookups += 1
+            stats.hits += reused > 0
+            stats.reused_tokens += reused
+        return lane, reused
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> bool:
@@ -327,11 +357,14 @@ class BatchScheduler:
 
     def _finish(self, live: Live | None, request: BatchRequest, reason: str) -> None:
         if live is not None:
-            self.target.release(live.target_lane)
-            if live.draft_lane is not None:
-                self.draft.release(live.draft_lane)
+            keep = self.prefix_cache and reason != "error"   # an error may leave cells unsure
             self.live.remove(live)
             self.reserved -= live.cells
+            for ctx, lane in ((self.target, live.target_lane), (self.draft, live.draft_lane)):
+                if lane is not None:
+                    ctx.release(lane, keep=keep)
+                    prefix_reuse.make_room(ctx, self.reserved, self.cache_tokens,
+                                           self.cache_stats if ctx is self.target else None)
         request.finish_reason = reason
         if request.on_finish is not None:
             try:

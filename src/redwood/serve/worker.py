@@ -189,6 +189,9 @@ class GenerationWorker:
                                predicted_vs_observed=result.stats.predicted_vs_observed())
             self.metrics.observe_prediction(result.stats)
             self.metrics.cached_prompt_tokens.inc(result.stats.cached_prompt_tokens)
+            if req.cache_prompt:
+                cells = getattr(self.engine.target_backend, "cache_length", lambda: 0)()
+                self.metrics.observe_cache(1, int(result.stats.cached_prompt_tokens > 0), 0, cells)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(req.prompt_ids), completion_tokens=text.n_tokens,
                        speculative=speculative,

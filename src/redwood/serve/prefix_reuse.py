@@ -1,0 +1,91 @@
+"""The batching scheduler's prefix cache policy (the cells and their index live in
+backends/llamacpp_multi.py; docs/design.md §5.5).
+
+- A finished request's lanes stay cached: its committed cells remain in the KV cache, indexed
+  by their tokens in the context's radix tree.
+- A new request takes, per context, the idle lane sharing the longest prefix with what it would
+  prefill (its prompt minus the last token, which runs as the first root), keeps those cells
+  and prefills only the rest; if a live request holds a longer prefix, the missing cells are
+  shared from it (`seq_cp`: one set of cells serves both).
+- While requests that share a prefix prefill together (one long system prompt, many users),
+  only the earliest admitted one runs the shared part; the others wait for it and then share
+  its cells, so the prefix is evaluated once (`share_prefill`, `waits_for_leader`).
+- Bounded: idle caches are evicted least recently used first when a request's reservation
+  needs their cells, and whenever they exceed `cache_tokens`; a live request's cells are never
+  evicted and a request never fails because of the cache (evicting every idle lane always
+  leaves its reservation room, which admission checked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redwood.backends.llamacpp_multi import Lane, MultiSeqContext
+from redwood.backends.radix_tree import common_prefix
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counters of the target context's prefix cache (the server exports them)."""
+    lookups: int = 0                  # requests that looked for a cached prefix
+    hits: int = 0                     # ... and reused at least one cell
+    reused_tokens: int = 0            # prompt tokens not evaluated: cached or shared cells
+    shared_tokens: int = 0            # of which shared from a live request
+    evictions: int = 0                # idle caches evicted
+    evicted_tokens: int = 0
+
+
+def take_lane(ctx: MultiSeqContext, prefix: list[int], reuse: bool,
+              stats: PrefixCacheStats | None = None) -> tuple[Lane, int]:
+    """(lane, cells reused): the idle lane caching the longest prefix of `prefix` (reuse
+    False or no match: an empty lane, else the least recently used cache is evicted), topped
+    up from a live lane that holds more of it."""
+    length, cached = ctx.cached_prefix(prefix) if reuse else (0, None)
+    if cached is None:
+        idle = [x for x in ctx.lanes if not x.busy]
+        if idle and all(x.length for x in idle) and stats is not None:
+            stats.evictions += 1
+            stats.evicted_tokens += min(idle, key=lambda x: x.used).length
+    lane = ctx.acquire(cached, length) if cached is not None else ctx.acquire()
+    if reuse:
+        more, source = ctx.live_prefix(prefix, exclude=lane)
+        if more > lane.length:
+            ctx.share(source, lane, more)
+    return lane, lane.length
+
+
+def make_room(ctx: MultiSeqContext, reserved: int, budget: int | None,
+              stats: PrefixCacheStats | None = None) -> None:
+    """Evict idle caches, least recently used first, until live reservations plus idle
+    caches fit the context and the idle caches fit `budget` (None: no budget of their own)."""
+    idle = sorted((x for x in ctx.lanes if not x.busy and x.length), key=lambda x: x.used)
+    for lane in idle:
+        fits = reserved + ctx.idle_cells() <= ctx.n_ctx
+        if fits and (budget is None or ctx.idle_cells() <= budget):
+            return
+        cells = ctx.evict(lane)
+        if stats is not None:
+            stats.evictions += 1
+            stats.evicted_tokens += cells
+
+
+def share_prefill(ctx: MultiSeqContext, lane: Lane, prefix: list[int]) -> int:
+    """Before a prefill chunk: take from a live lane whatever of `prefix` it already holds
+    beyond this lane's cells. Returns the cells shared."""
+    more, source = ctx.live_prefix(prefix, exclude=lane)
+    if more <= lane.length or lane.step is not None or source.step is not None:
+        return 0
+    before = lane.length
+    ctx.share(source, lane, min(more, len(prefix)))
+    return lane.length - before
+
+
+def waits_for_leader(prefilling: list, live) -> bool:
+    """Whether `live` (still prefilling) should skip its chunk this step: an earlier admitted
+    request that also prefills is still evaluating tokens `live` needs next, and will share
+    them. `prefilling`: the scheduler's not-ready requests in admission order."""
+    for other in prefilling:
+        if other is live:
+            return False
+        if common_prefix(other.prefix, live.prefix) > live.prefilled:
+            return True
+    return False

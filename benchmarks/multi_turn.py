@@ -1,98 +1,213 @@
-"""Multi-turn sessions through one HTTP client: what a chat UI or a coding agent sends (the whole
-conversation every turn), with each server's prompt cache on (its default).
+"""Multi-turn sessions and shared-prefix bursts through one HTTP client: what a chat UI or a coding
+agent sends (the whole conversation every turn), with each server's prompt cache on (its default).
 
-    python benchmarks/multi_turn.py --label plain            # 2 coding sessions x 3 turns, llama-server vs redwood
-    python benchmarks/multi_turn.py --label ngram --methods llama-server redwood-ngram llama-server-spec-default
+    python benchmarks/multi_turn.py --label defaults --methods llama-server redwood
+    python benchmarks/multi_turn.py --label ngram --workloads coding \\
+        --methods llama-server-spec-default redwood-ngram
 
-A session pastes a module (redwood.edit_tasks' whole-file tasks), asks for an edit that returns
-the whole module, then two follow-up edits on the answer. Every turn's prompt is the chat
-template over the conversation so far, as token ids, sent to /v1/completions (greedy, natural
-stop, `cache_prompt` left on), so every server gets the same ids. Sessions alternate which
-server goes first; idle servers are paused while one answers. Prints per turn and per session
-wall time, prompt tokens and the cached tokens each server reports; writes JSON under
-benchmarks/results/.
+Workloads (`--workloads`, all by default):
+- coding: a module pasted (redwood.edit_tasks' whole-file tasks), an edit that returns the whole
+  module, two follow-up edits on the answer, then tests for it (4 turns);
+- chat: a general-chat request (redwood.chat_prompts) and three follow-ups (4 turns);
+- burst: 8 independent requests sharing one ~800-token system prompt, one after another and
+  then all at once (a second system prompt for the concurrent run, so neither finds the other's
+  prefix cached).
+Every prompt is the chat template over the conversation so far, as token ids, sent streamed to
+/v1/completions (greedy, natural stop, `cache_prompt` left on), so every server gets the same ids.
+Sessions alternate which server goes first; idle servers are paused while one answers. Prints
+per turn wall time, time to first token and the cached tokens each server reports, per session
+totals and ratios to the first method; writes JSON under benchmarks/results/.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
-FOLLOW_UPS = ("Now add a one-line comment above every function saying what it returns. "
-              "Return the whole module.",
-              "Now rename the parameter `l` to `values` wherever it appears. Return the whole module.")
+CODING_FOLLOW_UPS = (
+    "Now add a one-line comment above every function saying what it returns. Return the whole "
+    "module.",
+    "Now rename the parameter `l` to `values` wherever it appears. Return the whole module.",
+    "Now write pytest tests for every function of the module.")
+CHAT_FOLLOW_UPS = ("Thanks. Now say the same in half as many words.",
+                   "Give one concrete example of that.",
+                   "Summarise our whole conversation in three bullet points.")
+BURST_QUESTIONS = ("Which function here is the slowest, and why?", "Name one edge case of the "
+                   "first function.", "Which names would you change?", "Is any function "
+                   "recursive?", "What does the last function return for an empty input?",
+                   "Suggest one docstring.", "Which function could use a type hint most?",
+                   "Is there dead code?")
+WORKLOADS = ("coding", "chat", "burst")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--methods", nargs="+", default=["llama-server", "redwood-batch1"])
+    parser.add_argument("--sessions", type=int, default=2, help="sessions per workload")
+    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--methods", nargs="+", default=["llama-server", "redwood"])
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--label", default="", help="part of the output file's name")
     args = parser.parse_args(argv)
 
-    from redwood.bench.http_client import complete
-    from redwood.bench.server_bench import alone, request_body, start_servers, stop_servers
+    from redwood.bench.server_bench import start_servers, stop_servers
     from redwood.bench.server_run import cpu_description, find_llama_server, server_setup
     from redwood.bench.server_specs import check_methods
-    from redwood.edit_tasks import edit_tasks
-    from redwood.prompts import encode_chat
 
     setup, tokenizer = server_setup(find_llama_server(None), None, None)
-    methods = check_methods(args.methods)
-    servers = start_servers(methods, setup, Path(args.out_dir) / "server-logs")
+    methods = [m.name for m in check_methods(args.methods)]
+    servers = start_servers(check_methods(args.methods), setup, Path(args.out_dir) / "server-logs")
     rows = []
     try:
-        for s in range(args.sessions):
-            task = edit_tasks("whole_file", s + 1)[s]
-            order = [m.name for m in methods]
-            order = order[s % len(order):] + order[:s % len(order)]
-            for name in order:
-                messages, start = [], time.perf_counter()
-                for turn, text in enumerate((task.prompt,) + FOLLOW_UPS):
-                    messages.append({"role": "user", "content": text})
-                    ids = encode_chat(tokenizer, messages)
-                    body = dict(request_body(ids, 0.0, 0, args.max_tokens, False), cache_prompt=True)
-                    reply = alone(name, servers, lambda: complete(servers[name].url, body))
-                    usage = reply.extra.get("usage") or {}
-                    timings = reply.extra.get("timings") or {}
-                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    if cached is None and timings:
-                        cached = timings.get("cache_n")
-                    rows.append({"session": s, "method": name, "turn": turn,
-                                 "prompt_tokens": len(ids), "cached_tokens": cached,
-                                 "completion_tokens": reply.completion_tokens,
-                                 "wall_seconds": reply.wall_seconds})
-                    print(f"session {s} {name} turn {turn}: {reply.wall_seconds:.2f} s, prompt "
-                          f"{len(ids)} ({cached} cached), {reply.completion_tokens} tokens",
-                          file=sys.stderr)
-                    messages.append({"role": "assistant", "content": reply.text})
-                rows.append({"session": s, "method": name, "turn": "all",
-                             "wall_seconds": time.perf_counter() - start})
+        for workload in args.workloads:
+            for s in range(args.sessions if workload != "burst" else 1):
+                order = methods[s % len(methods):] + methods[:s % len(methods)]
+                for name in order:
+                    run = burst if workload == "burst" else session
+                    rows += run(workload, s, name, servers, tokenizer, args.max_tokens)
     finally:
         stop_servers(servers)
-    totals = {}
-    for r in rows:
-        if r["turn"] == "all":
-            totals.setdefault(r["method"], []).append(r["wall_seconds"])
-    base = totals[methods[0].name]
-    for name, walls in totals.items():
-        ratios = [b / w for b, w in zip(base, walls)]
-        print(f"{name}: sessions {', '.join(f'{w:.1f} s' for w in walls)}; x {methods[0].name} "
-              f"{', '.join(f'{x:.2f}' for x in ratios)}")
+    summary = summarise(rows, methods)
     cpu = cpu_description()
     cpu.pop("flags")
-    doc = {"cpu": cpu, "max_tokens": args.max_tokens, "methods": [m.name for m in methods],
-           "rows": rows}
+    doc = {"cpu": cpu, "max_tokens": args.max_tokens, "methods": methods,
+           "workloads": args.workloads, "summary": summary, "rows": rows}
     label = f"-{args.label}" if args.label else ""
     out = Path(args.out_dir) / f"multi-turn{label}-{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def body_for(ids, max_tokens: int) -> dict:
+    from redwood.bench.server_bench import request_body
+
+    return dict(request_body(ids, 0.0, 0, max_tokens, True), cache_prompt=True)
+
+
+def ask(name, servers, ids, max_tokens):
+    from redwood.bench.http_client import complete
+
+    reply = complete(servers[name].url, body_for(ids, max_tokens))
+    return reply, cached_tokens(reply)
+
+
+def cached_tokens(reply):
+    """Prompt tokens the server says it reused (usage's cached_tokens, llama-server's cache_n)."""
+    usage = reply.extra.get("usage") or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is None:
+        cached = (reply.extra.get("timings") or {}).get("cache_n")
+    return cached
+
+
+def session(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
+    """One multi-turn conversation on one server (the others paused)."""
+    from redwood.bench.server_bench import alone
+    from redwood.prompts import encode_chat
+
+    turns = session_turns(workload, s)
+    rows, messages, start = [], [], time.perf_counter()
+    for turn, text in enumerate(turns):
+        messages.append({"role": "user", "content": text})
+        ids = encode_chat(tokenizer, messages)
+        reply, cached = alone(name, servers, lambda: ask(name, servers, ids, max_tokens))
+        rows.append({"workload": workload, "session": s, "method": name, "turn": turn,
+                     "prompt_tokens": len(ids), "cached_tokens": cached,
+                     "completion_tokens": reply.completion_tokens,
+                     "wall_seconds": reply.wall_seconds, "ttft_seconds": reply.ttft_seconds})
+        print(f"{workload} {s} {name} turn {turn}: {reply.wall_seconds:.2f} s (first token "
+              f"{reply.ttft_seconds or 0:.2f} s), prompt {len(ids)} ({cached} cached), "
+              f"{reply.completion_tokens} tokens", file=sys.stderr)
+        messages.append({"role": "assistant", "content": reply.text})
+    rows.append({"workload": workload, "session": s, "method": name, "turn": "all",
+                 "wall_seconds": time.perf_counter() - start})
+    return rows
+
+
+def session_turns(workload: str, s: int) -> tuple[str, ...]:
+    if workload == "coding":
+        from redwood.edit_tasks import edit_tasks
+
+        return (edit_tasks("whole_file", s + 1)[s].prompt,) + CODING_FOLLOW_UPS
+    from redwood.chat_prompts import CHAT_PROMPTS
+
+    return (CHAT_PROMPTS[s % len(CHAT_PROMPTS)][1],) + CHAT_FOLLOW_UPS
+
+
+def system_prompt(index: int) -> str:
+    """~800 tokens: instructions and two modules of the whole-file edit tasks."""
+    from redwood.edit_tasks import edit_tasks
+
+    tasks = edit_tasks("whole_file", 2 * index + 2)[2 * index:]
+    code = "\n\n".join(t.prompt.split("```")[1] for t in tasks if "```" in t.prompt)
+    return ("You are a careful senior Python reviewer. Answer briefly and precisely, quoting "
+            "names from the project below when useful.\n\nThe project:\n```" + code + "```")
+
+
+def burst(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
+    """8 requests sharing a system prompt: one after another, then all at once."""
+    from redwood.bench.server_bench import alone
+    from redwood.prompts import encode_chat
+
+    rows = []
+    for mode, index in (("sequential", 0), ("concurrent", 1)):
+        system = system_prompt(index)
+        prompts = [encode_chat(tokenizer, [{"role": "system", "content": system},
+                                           {"role": "user", "content": q}])
+                   for q in BURST_QUESTIONS]
+
+        def run():
+            if mode == "sequential":
+                return [ask(name, servers, ids, max_tokens) for ids in prompts]
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                return list(pool.map(lambda ids: ask(name, servers, ids, max_tokens), prompts))
+
+        start = time.perf_counter()
+        replies = alone(name, servers, run)
+        wall = time.perf_counter() - start
+        for i, (reply, cached) in enumerate(replies):
+            rows.append({"workload": "burst", "session": mode, "method": name, "turn": i,
+                         "prompt_tokens": len(prompts[i]), "cached_tokens": cached,
+                         "completion_tokens": reply.completion_tokens,
+                         "wall_seconds": reply.wall_seconds, "ttft_seconds": reply.ttft_seconds})
+        rows.append({"workload": "burst", "session": mode, "method": name, "turn": "all",
+                     "wall_seconds": wall})
+        print(f"burst {mode} {name}: {wall:.1f} s, prompts {len(prompts[0])} tokens, cached "
+              f"{[c for _, c in replies]}", file=sys.stderr)
+    return rows
+
+
+def summarise(rows: list[dict], methods: list[str]) -> dict:
+    """Per workload and session: each method's total and its ratio to the first method's
+    (> 1: faster); TTFT on turns >= 2 (second turn on) as the first method's ÷ the method's."""
+    base, summary = methods[0], {}
+    keys = sorted({(r["workload"], str(r["session"])) for r in rows})
+    for workload, s in keys:
+        mine = [r for r in rows if r["workload"] == workload and str(r["session"]) == s]
+        total = {r["method"]: r["wall_seconds"] for r in mine if r["turn"] == "all"}
+        ttft = {m: [r["ttft_seconds"] for r in mine if r["method"] == m and r["turn"] != "all"
+                    and r["turn"] >= 1 and r["ttft_seconds"]] for m in methods}
+        entry = {}
+        for m in methods:
+            if m not in total:
+                continue
+            ratio_ttft = (statistics.median(b / x for b, x in zip(ttft[base], ttft[m]))
+                          if ttft[m] and ttft[base] else None)
+            entry[m] = {"seconds": round(total[m], 2),
+                        "speed_vs_" + base: round(total[base] / total[m], 3),
+                        "ttft_turns_2_on_median_s": round(statistics.median(ttft[m]), 3)
+                        if ttft[m] else None,
+                        "ttft_speed_vs_" + base: round(ratio_ttft, 3) if ratio_ttft else None}
+            print(f"{workload} {s} {m}: {total[m]:.1f} s, x{total[base] / total[m]:.2f} vs "
+                  f"{base}; first token (turns 2+) median {entry[m]['ttft_turns_2_on_median_s']} s")
+        summary[f"{workload}/{s}"] = entry
+    return summary
 
 
 if __name__ == "__main__":

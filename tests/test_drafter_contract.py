@@ -33,6 +33,23 @@ def ngram_drafter():
     return NgramDrafter(learn=False)
 
 
+# Overlaps PROMPT ("5 6 7", "5 6", "7", "9 5") with other continuations, so lookups merge
+# the request's candidates with the memory's.
+MEMORY_STREAM = [5, 6, 7, 10, 11, 5, 6, 12, 7, 13, 9, 5, 14, 8, 5, 6, 7, 8, 15]
+
+
+def ngram_memory_drafter():
+    # learn=False as above. Each call builds its own memory with the same stream, so a
+    # fresh drafter sees the same memory as the one that ran the steps: the test's drafter
+    # never finishes its request (a prefill or finish() would add it), so its memory is
+    # unchanged and no sharing of one memory object is needed.
+    from redwood.decode.ngram_memory import NgramMemory
+
+    memory = NgramMemory(max_tokens=64)
+    memory.add(MEMORY_STREAM)
+    return NgramDrafter(learn=False, memory=memory)
+
+
 def hybrid_drafter():
     # A flat profile and probe_every=0: the model drafts every step and every useful n-gram
     # node is grafted, so proposals depend on the committed text only (no live-rate state).
@@ -53,7 +70,8 @@ def grown_drafter():
     return drafter
 
 
-FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter, "hybrid": hybrid_drafter,
+FACTORIES = {"draft_model": draft_model_drafter, "ngram": ngram_drafter,
+             "ngram_memory": ngram_memory_drafter, "hybrid": hybrid_drafter,
              "draft_model_grown": grown_drafter}
 
 

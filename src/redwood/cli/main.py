@@ -236,6 +236,11 @@ def _add_serve(sub):
                    help="batched: at most N KV cells held by finished requests' cached prefixes "
                    "(least recently used evicted first; default: whatever live requests leave "
                    "free; live requests always get their room)")
+    p.add_argument("--ngram-memory", type=int, default=32768, metavar="TOKENS",
+                   help="--drafter ngram|hybrid|auto: the n-gram drafter also drafts from the "
+                   "answers of earlier requests, kept up to TOKENS tokens (oldest answers "
+                   "forgotten first; about 50 MB at the default; 0 = off). A request may send "
+                   "\"ngram_memory\": false to neither use nor feed it")
     p.add_argument("--served-name", default=None,
                    help="model id shown in /v1/models and responses (default: the model's name)")
     p.set_defaults(func=_cmd_serve)
@@ -295,6 +300,11 @@ def _cmd_serve(args):
     else:
         engine, tokenizer = load_engine(model_config)
         engine.prompt_cache = not args.no_prompt_cache
+        if args.ngram_memory < 0:
+            raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
+        from redwood.cli.textgen import attach_ngram_memory
+
+        attach_ngram_memory(engine, args.ngram_memory)
         if args.drafter != "model":
             bundle = None                       # n-gram / hybrid drafters size their own trees
     if bundle is not None:

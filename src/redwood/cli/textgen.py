@@ -118,6 +118,22 @@ def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
 
 
+def attach_ngram_memory(engine, max_tokens: int) -> bool:
+    """Give the engine's n-gram drafter (or a hybrid's n-gram part) a memory of earlier answers
+    of at most `max_tokens` tokens (decode/ngram_memory.py), shared by every request the engine
+    serves. Returns whether there was an n-gram drafter to give it to."""
+    from redwood.decode.ngram_memory import NgramMemory
+
+    drafter = engine.drafter
+    parts = [p for p in (drafter, getattr(drafter, "ngram", None)) if hasattr(p, "use_memory")]
+    if max_tokens <= 0 or not parts:
+        return False
+    memory = NgramMemory(max_tokens=max_tokens)
+    for part in parts:
+        part.memory = memory
+    return True
+
+
 def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
                        auto: bool = False, bundle_latencies: bool = False) -> None:
     """Draft with both: n-gram continuations grafted onto the draft model's tree, each step

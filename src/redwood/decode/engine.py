@@ -40,6 +40,7 @@ class DecodeOptions:
     draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
     fuse_prefill: bool = True          # the target runs prompt[:-1] with the first tree (§5.4)
     cache_prompt: bool = True          # reuse the cached prefix the prompt starts with (§5.5)
+    ngram_memory: bool = True          # n-gram drafting from earlier requests' answers (§3.3)
 
 
 @dataclass
@@ -138,7 +139,8 @@ class Engine:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                method: str = "sequoia", stop_on_eos: bool = True, tree: Tree | None = None,
                draft_confidence: float | None = None, params: SamplingParams | None = None,
-               fuse_prefill: bool | None = None, cache_prompt: bool | None = None) -> Stream:
+               fuse_prefill: bool | None = None, cache_prompt: bool | None = None,
+               ngram_memory: bool = True) -> Stream:
         """Generate lazily. Sampling comes from `params` or from the keyword arguments;
         `tree` overrides the engine's tree for this request only.
 
@@ -148,6 +150,8 @@ class Engine:
         None = the engine's default. fuse_prefill: run the target's prefill in the same forward
         as the first tree (None = the engine's default; the output is the same either way).
         cache_prompt: reuse the cached prefix (None = the engine's prompt_cache).
+        ngram_memory: an n-gram drafter with a memory drafts from earlier answers and stores
+        this one (False: neither, for this request).
         One stream runs at a time per engine: starting another ends the previous one (its
         iteration then raises RedwoodError).
         """
@@ -158,7 +162,8 @@ class Engine:
         options = DecodeOptions(method, stop_on_eos, tree if tree is not None else self.tree,
                                 self.draft_confidence if draft_confidence is None else draft_confidence,
                                 self.fuse_prefill if fuse_prefill is None else bool(fuse_prefill),
-                                self.prompt_cache if cache_prompt is None else bool(cache_prompt))
+                                self.prompt_cache if cache_prompt is None else bool(cache_prompt),
+                                bool(ngram_memory))
         prompt = self._validate(input_ids, params, options)
         state = DecodeState()
         owner = object()
@@ -215,6 +220,7 @@ class Engine:
             stats.other_seconds += self._clock() - step_start - step_forwards
             root = tokens[-1]
             yield new_tokens
+        _finish_drafter(drafter)
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
 
     def _prefill(self, prompt, drafter, options: DecodeOptions, stats: StepStats):
@@ -231,6 +237,7 @@ class Engine:
         target = self.target_backend
         reuse = options.cache_prompt and hasattr(target, "keep_prefix")
         _set_for_request(drafter, "reuse_prefix", options.cache_prompt)
+        _set_for_request(drafter, "use_memory", options.ngram_memory)
         # the last prompt token is always run: its logits (plain) or it is the first root
         kept = target.keep_prefix(prompt, len(prompt) - 1) if reuse else 0
         if not reuse:
@@ -415,12 +422,25 @@ def check_same_vocab(target, draft) -> int:
     return target.vocab_size
 
 
+def _parts(drafter) -> list:
+    """The drafter and the parts a hybrid drafter is made of (its `model` and `ngram`)."""
+    parts = (drafter, getattr(drafter, "model", None), getattr(drafter, "ngram", None))
+    return [part for part in parts if part is not None]
+
+
 def _set_for_request(drafter, name: str, value) -> None:
-    """Set a request's setting on the drafter and on the parts a hybrid drafter is made of
-    (its `model` and `ngram` drafters), wherever that attribute exists."""
-    for part in (drafter, getattr(drafter, "model", None), getattr(drafter, "ngram", None)):
-        if part is not None and hasattr(part, name):
+    """Set a request's setting on the drafter and its parts, wherever that attribute exists."""
+    for part in _parts(drafter):
+        if hasattr(part, name):
             setattr(part, name, value)
+
+
+def _finish_drafter(drafter) -> None:
+    """The request ended: drafters that keep something across requests (the n-gram memory)
+    store it now (an abandoned stream is stored at the next prefill instead)."""
+    for part in _parts(drafter):
+        if hasattr(part, "finish"):
+            part.finish()
 
 
 def _method_tree(method: str, tree: Tree) -> Tree:

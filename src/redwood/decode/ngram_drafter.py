@@ -30,6 +30,11 @@ of x_1..x_{k-1}). So walking the previous step's *whole* trie along the tokens a
 (accepted path + bonus) gives unbiased acceptance observations for every node reached, drafted
 or not. The model keeps learning even while it proposes nothing, and the trie never depends on
 the target's output at its nodes, so exactness is untouched.
+
+Across requests: with an `NgramMemory` (decode/ngram_memory.py) each lookup also ranks what
+followed the suffix in earlier requests' generated text, and `finish()` adds this request's
+(docs/design.md §3.3). The memory changes only between requests, so proposals stay point masses
+fixed before verification.
 """
 from __future__ import annotations
 
@@ -40,7 +45,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_index import NgramIndex, TrieNode, build_trie
+from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
+from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, bfs_renumber
 
@@ -104,11 +110,19 @@ class NgramDrafter:
     model from the emitted text (off = keep the priors: proposals depend on the text only).
     Proposals never exceed the requested tree's node count, leaf count or depth, so whatever
     the engine checked against the backend's limits (check_tree) also holds for them.
+
+    memory: an `NgramMemory` of earlier requests' generated text (decode/ngram_memory.py),
+    shared across requests and settable; None = lookups see the current request only. With
+    it, each lookup also ranks what followed the suffix in earlier answers, and `finish()`
+    stores this request's generated text there. use_memory: the request's opt-out (set it
+    before prefill, as the engine sets a request's settings): False = this request neither
+    drafts from the memory nor is stored in it.
     """
 
     def __init__(self, target_ms: dict[int, float] | None = None, min_n: int = 1, max_n: int = 6,
                  max_continuations: int = 8, max_length: int = 8, max_occurrences: int = 32,
-                 model: AcceptanceModel | None = None, learn: bool = True, clock=time.perf_counter):
+                 model: AcceptanceModel | None = None, learn: bool = True, clock=time.perf_counter,
+                 memory: NgramMemory | None = None):
         self.target_ms = _check_target_ms(target_ms)
         self.ngram = dict(min_n=min_n, max_n=max_n, max_occurrences=max_occurrences)
         NgramIndex(**self.ngram)                           # validate now, not at prefill
@@ -117,12 +131,19 @@ class NgramDrafter:
         self.learn, self.clock = learn, clock
         self.costs = None          # plan.live_costs.LiveCosts of the running request (the engine's)
         self.layouts: LayoutCache | None = None
+        self.memory, self.use_memory = memory, True
+        self._finished, self._store_on_finish = True, False     # no request to store yet
         self.prefill(torch.empty(0, dtype=torch.long))
 
     # -- Drafter protocol ------------------------------------------------------------------
     def prefill(self, prompt_ids: torch.Tensor) -> None:
+        """Start a request. The previous one is finished first if nobody called finish(), so
+        its text reaches the memory all the same (under the opt-out it started with)."""
+        self._finish(self._store_on_finish)
         self.index = NgramIndex(**self.ngram)
         self.index.extend(torch.as_tensor(prompt_ids).reshape(-1).tolist())
+        self._generated_from = len(self.index)                  # index.tokens[this:]: its output
+        self._finished, self._store_on_finish = False, bool(self.use_memory)
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._accepted: list[int] = []                           # its accepted tokens
         self._open = False                                       # proposed, not yet committed
@@ -150,8 +171,7 @@ class NgramDrafter:
         root = int(root)
         self._learn_from_last(root)
         self.index.append(root)
-        trie = build_trie(root, self.index.candidates(self.max_continuations,
-                                                      min(self.max_length, limits[2])))
+        trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
         self._last, self._accepted, self._open = (trie, greedy), [], True
@@ -190,7 +210,32 @@ class NgramDrafter:
         self.index.append(int(root))
         self._last, self._accepted = None, []
 
+    def candidates(self, max_length: int) -> list[Continuation]:
+        """This step's continuations of the suffix: the request's own text, merged with the
+        memory's when there is one and the request uses it (the request's first on ties)."""
+        ours = self.index.candidates(self.max_continuations, max_length)
+        if self.memory is None or not self.use_memory:
+            return ours
+        suffix = self.index.tokens[-self.memory.max_n:]
+        theirs = self.memory.candidates(suffix, self.max_continuations, max_length)
+        return merge_continuations(ours, theirs, self.max_continuations)
+
+    def finish(self) -> None:
+        """The request ended: store its generated text in the memory, once. That text is
+        everything committed after the prompt: the roots (the first is the prompt's last
+        token, since the engine prefills prompt[:-1]) and the accepted tokens; the final bonus
+        token is never committed, so it is not stored. Nothing is stored without a memory or
+        when the request opted out (use_memory False at its prefill or now)."""
+        self._finish(self._store_on_finish and self.use_memory)
+
     # -- internals -------------------------------------------------------------------------
+    def _finish(self, store: bool) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if store and self.memory is not None:
+            self.memory.add(self.index.tokens[self._generated_from:])
+
     def _learn_from_last(self, root: int) -> None:
         """Walk the previous step's trie along what was emitted since (its accepted tokens,
         then the bonus, which is this step's root): at each node reached, the children before

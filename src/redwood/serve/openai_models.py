@@ -95,6 +95,7 @@ class _Request(_Strict):
     stream_options: StreamOptions | None = None
     n: int = 1
     cache_prompt: bool = True       # llama-server's: false = prefill the whole prompt afresh
+    ngram_memory: bool = True       # redwood's: false = no n-gram drafts from earlier answers
 
     @model_validator(mode="before")
     @classmethod

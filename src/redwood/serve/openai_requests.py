@@ -42,6 +42,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False     # stream_options.include_usage
     cache_prompt: bool = True       # llama-server's field: reuse the cached prompt prefix
+    ngram_memory: bool = True       # draft from (and feed) the n-gram memory of earlier answers
 
 
 def _bad(param: str, message: str, code: str | None = None) -> APIError:
@@ -136,4 +137,5 @@ def parse_request(body, kind: str, tokenizer, context: int, vocab_size: int,
         and request.stream_options.include_usage
     return GenerationRequest(kind=kind, prompt_ids=ids, sampling=sampling,
                              stream=request.stream, include_usage=include_usage,
-                             cache_prompt=request.cache_prompt)
+                             cache_prompt=request.cache_prompt,
+                             ngram_memory=request.ngram_memory)

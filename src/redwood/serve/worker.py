@@ -137,6 +137,7 @@ class GenerationWorker:
             torch.tensor([req.prompt_ids], dtype=torch.long), params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             seed=params.seed, method=self.method, cache_prompt=req.cache_prompt,
+            ngram_memory=req.ngram_memory,
             **self._drafting(params.temperature))
         text = IncrementalText(self.tokenizer, list(params.stop), live=req.stream)
         steps: list[int] = []           # tokens gained by each target forward

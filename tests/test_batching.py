@@ -414,3 +414,18 @@ def test_planner_allocation_rules():
     sparse = Profile({1: 10.0, 4: 11.0, 8: 40.0}, {1: 1.0, 2: 1.0, 4: 1.0})
     plan = BatchPlanner(sparse, 16, 8, 4, 40).plan([P])
     assert plan.total_tokens in (1, 4, 8)
+
+
+def test_the_first_token_comes_from_the_prefill_decode(contexts, engine):
+    """The chunk that completes a prompt also runs its last token (the root), so the first
+    token is sampled from that decode: a 35-token prefix in chunks of 8 yields its first token
+    at step 5, not 6, and the output is still the engine's."""
+    prompt = CLEAR_PROMPTS[0] * 12                            # 36 tokens: prefix of 35
+    sched = scheduler(contexts, prefill_chunk=8)
+    request = sched.submit(BatchRequest(prompt, SamplingParams(12), stop_on_eos=False,
+                                        cache_prompt=False))
+    for step in range(1, 6):
+        sched.step()
+        assert len(request.tokens) == (1 if step == 5 else 0), step
+    sched.run(1000)
+    assert request.tokens == engine.generate(torch.tensor(prompt), 12, stop_on_eos=False).tokens

@@ -321,7 +321,8 @@ def test_a_request_whose_drafts_fail_runs_plain(paths, tiny_gguf_pair, engine):
         request = sched.submit(BatchRequest(CLEAR_PROMPTS[0], SamplingParams(40),
                                             stop_on_eos=False))
         sched.run(1000)
-        sizes = request.tree_sizes
+        assert request.tree_sizes[0] == 1                   # the first token: from the prefill
+        sizes = request.tree_sizes[1:]
         rest = sizes[sizes.index(1):]                       # after the first plain step
         assert sizes[0] > 1 and sizes.index(1) <= 6
         assert sum(n > 1 for n in rest) <= 1 + len(rest) // 8      # probes only

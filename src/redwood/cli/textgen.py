@@ -106,14 +106,16 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
 
 def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
-    model on this machine's t(n) (measured once, cached) and governed like any other; its
-    acceptance priors from the bundle's n-gram calibration when it has one."""
+    model on this machine's t(n) (measured once, cached; read at the request's context where
+    the profile timed several, as on llama.cpp) and governed like any other; its acceptance
+    priors from the bundle's n-gram calibration when it has one."""
     from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
     from redwood.measure.ngram_calibration import acceptance_model
 
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms,
+                                  target_ms_by_context=engine.profile.target_ms_by_context,
                                   model=acceptance_model(bundle))
     engine.tree, engine.draft_confidence = ngram_budget_tree(), 0.0
 

@@ -21,7 +21,9 @@ E(n) / t(n) (the hardware-aware choice of §3 applied per step, with a free draf
   (so every prefix is a tree whose ranks are the trie's); E(n) = 1 + Σ value over the first
   n − 1 taken nodes (the 1 is the bonus token);
 - n is the measured size (target_ms keys, never interpolated, §3) that maximises
-  E(n) / target_ms[n], ties to the smaller n; n = 1 is a plain target step.
+  E(n) / target_ms[n], ties to the smaller n; n = 1 is a plain target step. With a by-context
+  table (the profile's target_ms_by_context) t(n) is read at the request's context, re-read
+  every CONTEXT_BUCKET tokens: at 2,000 tokens a tree node costs more than at 128.
 
 Learning without wasting target time: for a point mass x at a node the target reached,
 P(x accepted) = p(x) = P(the target's next token is x), and after rejecting x_1..x_{k-1} the
@@ -48,6 +50,7 @@ from redwood.decode.layout import LayoutCache, TreeLayout
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
+from redwood.plan.formats import check_times_by_context, interpolate_by_context
 from redwood.plan.tree import Tree, bfs_renumber
 
 MATCH_BUCKETS = 4            # match lengths 1, 2, 3, 4+
@@ -58,6 +61,7 @@ DEPTH_BUCKETS = 6            # depths 1..5, 6+
 PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8)
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
+CONTEXT_BUCKET = 64          # t(n) by context is re-read when the context enters a new bucket
 
 
 class AcceptanceModel:
@@ -110,6 +114,9 @@ class NgramDrafter:
     model from the emitted text (off = keep the priors: proposals depend on the text only).
     Proposals never exceed the requested tree's node count, leaf count or depth, so whatever
     the engine checked against the backend's limits (check_tree) also holds for them.
+    target_ms_by_context: the profile's {context: {n: ms}} (Profile.target_ms_by_context);
+    given, each step's t(n) is that table at the request's context (prompt + generated so far),
+    interpolated per CONTEXT_BUCKET tokens (target_ms then only says that a profile exists).
 
     memory: an `NgramMemory` of earlier requests' generated text (decode/ngram_memory.py),
     shared across requests and settable; None = lookups see the current request only. With
@@ -122,8 +129,12 @@ class NgramDrafter:
     def __init__(self, target_ms: dict[int, float] | None = None, min_n: int = 1, max_n: int = 6,
                  max_continuations: int = 8, max_length: int = 8, max_occurrences: int = 32,
                  model: AcceptanceModel | None = None, learn: bool = True, clock=time.perf_counter,
-                 memory: NgramMemory | None = None):
+                 memory: NgramMemory | None = None,
+                 target_ms_by_context: dict | None = None):
         self.target_ms = _check_target_ms(target_ms)
+        self.target_ms_by_context = None if target_ms_by_context is None else \
+            check_times_by_context(target_ms_by_context, "NgramDrafter")
+        self._context_ms: tuple[int, dict[int, float]] | None = None   # (bucket, its t(n))
         self.ngram = dict(min_n=min_n, max_n=max_n, max_occurrences=max_occurrences)
         NgramIndex(**self.ngram)                           # validate now, not at prefill
         self.max_continuations, self.max_length = int(max_continuations), int(max_length)
@@ -261,11 +272,12 @@ class NgramDrafter:
         t(n) is the profile's, corrected by what the running request's forwards cost when the
         engine gave live costs (plan/live_costs.py). Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
-        if self.target_ms is None:
+        profile_ms = self.step_target_ms()
+        if profile_ms is None:
             sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
         else:
-            sizes = self.target_ms if self.costs is None else {
-                n: ms * self.costs.ratio(self.costs.size_key(n)) for n, ms in self.target_ms.items()}
+            sizes = profile_ms if self.costs is None else {
+                n: ms * self.costs.ratio(self.costs.size_key(n)) for n, ms in profile_ms.items()}
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
             expected += values[n - 2] if n > 1 else 0.0
             if n in sizes:
@@ -273,6 +285,19 @@ class NgramDrafter:
                 if best is None or rate > best:
                     best_n, best = n, rate
         return best_n, best
+
+
+    def step_target_ms(self) -> dict[int, float] | None:
+        """The profile's t(n) for this step: the by-context table at the request's context
+        (len(index) tokens), recomputed only when the context enters a new CONTEXT_BUCKET so
+        the per-step cost is a dict lookup; else target_ms."""
+        if self.target_ms_by_context is None:
+            return self.target_ms
+        bucket = len(self.index) // CONTEXT_BUCKET
+        if self._context_ms is None or self._context_ms[0] != bucket:
+            self._context_ms = (bucket, interpolate_by_context(
+                self.target_ms_by_context, bucket * CONTEXT_BUCKET))
+        return self._context_ms[1]
 
 
 def tree_limits(tree: Tree) -> tuple[int, int, int]:

@@ -10,6 +10,15 @@ The cache key is everything that changes the timings: CPU model, thread count, b
 models (path, size, dtype), library versions and which row counts each model sends to oneDNN.
 A profile is reused only when the key matches.
 
+On llama.cpp the target is also timed at longer contexts (CONTEXTS: 128, 1,024, 2,048 cached
+tokens, each cut to what n_ctx leaves beside the largest tree), stored as the profile's
+target_ms_by_context: on a CPU t(n) grows with the cells attended over, and requests run at
+500-4,000 tokens, not 128. The contexts are part of the key, so profiles cached before the table
+existed are measured again. The transformers backend keeps its 128-token profile only
+(target_ms_by_context None): its first use already times kernels and the profile, and two more
+sweeps of every size plus a 2,048-token prefill in torch would add a minute or more to it on a
+small CPU (on a GPU, where that backend earns its keep, the context costs little).
+
 Before it, `choose_linear_rows` picks the matmul kernel per row count (F.linear or oneDNN,
 whichever times faster on the model's Linear shapes here; cached under profiles/kernels/), since
 the faster kernel differs between CPUs and the latencies depend on it (docs/design.md §3.1, §6).
@@ -23,10 +32,11 @@ import platform
 import sys
 from pathlib import Path
 
-from redwood.plan.formats import Profile
+from redwood.plan.formats import Profile, check_times_by_context
 
 QUICK_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48)   # planners: <= 32; grown trees: <= 48
 QUICK = dict(context=128, repeats=3, warmup=1)
+CONTEXTS = (128, 1024, 2048)    # the target's by-context table (llama.cpp); 128 = QUICK's
 
 
 def cpu_model() -> str:
@@ -117,6 +127,9 @@ def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: 
     # the sizes are part of the key: a profile without the sizes asked for (40 and 48 came
     # with grown trees of up to 48 nodes) is measured again, never silently extrapolated
     key = {**profile_key(target, draft), "sizes": sorted(int(n) for n in sizes)}
+    contexts = profile_contexts(target, sizes)
+    if contexts:            # llama.cpp: a profile cached without the by-context table is redone
+        key["contexts"] = contexts
     directory = profile_dir(cache_dir)
     announce = (f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
                 f"{key['backend']} backend; cached in {directory})") if progress else ""
@@ -124,14 +137,36 @@ def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: 
         (measure or _measure)(target, draft, list(sizes), progress), key, path), announce)
 
 
-def _measure(target, draft, sizes, progress) -> Profile:
-    from redwood.measure.profile import profile_latency
+def profile_contexts(target, sizes, contexts=CONTEXTS) -> list[int]:
+    """The context lengths the target is timed at: `contexts`, each cut to what the backend's
+    n_ctx leaves beside the largest size (and the 8 cells of slack the profile keeps), never
+    below QUICK's 128; [] on backends other than llama.cpp (their profile is the 128 table)."""
+    from redwood.measure.profile import backend_kind
 
+    if backend_kind(target) != "llamacpp":
+        return []
+    base = QUICK["context"]
+    limit = (target.max_positions or 10**9) - max(int(n) for n in sizes) - 8
+    return sorted({base} | {min(int(c), limit) for c in contexts if min(int(c), limit) > base})
+
+
+def _measure(target, draft, sizes, progress) -> Profile:
+    from redwood.measure.profile import profile_latency, profile_target_by_context
+
+    contexts = profile_contexts(target, sizes)       # from the sizes asked for, as in the key
     room = min(b.max_positions or 10**9 for b in (target, draft))
     sizes = [n for n in sizes if QUICK["context"] + n + 8 <= room] or [1]
-    return profile_latency(target, draft, context=QUICK["context"], budgets=sizes,
-                           repeats=QUICK["repeats"], warmup=QUICK["warmup"], progress=progress,
-                           statistic="min")
+    profile = profile_latency(target, draft, context=QUICK["context"], budgets=sizes,
+                              repeats=QUICK["repeats"], warmup=QUICK["warmup"],
+                              progress=progress, statistic="min")
+    if contexts:
+        # the 128 table is the profile's own target_ms; longer contexts are timed after it
+        longer = profile_target_by_context(
+            target, [c for c in contexts if c != QUICK["context"]], sizes,
+            repeats=QUICK["repeats"], warmup=QUICK["warmup"], progress=progress, statistic="min")
+        profile.target_ms_by_context = check_times_by_context(
+            {QUICK["context"]: dict(profile.target_ms), **longer})
+    return profile
 
 
 def load_matching(path: Path, key: dict) -> Profile | None:

@@ -12,6 +12,10 @@ shape, then keep_path([]) to drop it), so they take the same code path as decodi
 
 Sizes are timed in interleaved rounds (every size once per round), so slow drift of the
 machine (thermal, other processes) spreads over all sizes instead of bending the curve.
+
+`profile_target_by_context` times the target's sizes again on top of longer caches (1,024 and
+2,048 tokens in the first-use profile): attention reads every cached cell, so on a CPU t(n)
+at a request's context can be well above the 128-token figure (Profile.target_ms_at).
 """
 from __future__ import annotations
 
@@ -85,6 +89,13 @@ class _Bench:
         self.shape = shape              # "tree": target's tree over n; "level": draft's level of w
         self.inputs: dict[int, tuple] = {}
 
+    def extend(self, ids: torch.Tensor) -> None:
+        """Commit more context tokens (prepare the sizes again: the root position moved)."""
+        with torch.inference_mode():
+            self.backend.append(ids, rows=0)
+        self.context += len(ids)
+        self.inputs.clear()
+
     def prepare(self, n: int, vocab: int, generator: torch.Generator) -> None:
         """The tree, nodes, token ids and root position timed for size n. The target runs a
         whole tree (root included) after the context; the draft runs one level of n
@@ -131,20 +142,11 @@ def profile_latency(target, draft, context: int = 256, budgets=None, widths=None
     for name, size in jobs:
         benches[name].prepare(size, vocab, generator)
     load_before = _load_average()
-    samples = {job: [] for job in jobs}
-    timer = _Timer(target.device)
-    bar = _progress_bar(len(jobs) * (warmup + repeats), progress)
-    for round_index in range(warmup + repeats):
-        for job in jobs:
-            bench = benches[job[0]]
-            seconds = timer(lambda: bench.run(job[1]))
-            if round_index >= warmup:
-                samples[job].append(1000.0 * seconds)
-            bar.update(1)
-    bar.close()
+    samples = _timed_rounds(jobs, lambda job: benches[job[0]].run(job[1]),
+                            _Timer(target.device), warmup, repeats, progress)
     # median: the typical cost on a quiet machine; min: robust when a short run may overlap
     # other work (delays only ever add time), as the first-use profile does.
-    reduce = {"median": statistics.median, "min": min}[statistic]
+    reduce = _REDUCE[statistic]
     medians = {job: reduce(times) for job, times in samples.items()}
     return Profile(
         target_ms={n: medians[("target", n)] for n in budgets},
@@ -163,6 +165,67 @@ def profile_latency(target, draft, context: int = 256, budgets=None, widths=None
                           "draft_shape": "one level of w siblings, all rows' logits"},
                "samples_ms": {"target": {str(n): samples[("target", n)] for n in budgets},
                               "draft": {str(w): samples[("draft", w)] for w in widths}}})
+
+
+def profile_target_by_context(target, contexts, budgets, repeats: int = 3, warmup: int = 1,
+                              progress: bool = True, seed: int = 0, statistic: str = "min",
+                              timer=None) -> dict[int, dict[int, float]]:
+    """The target's forward times (ms) by tree size n at each context length:
+    {context: {n: ms}}, the same tree shapes and statistic as profile_latency.
+
+    The cache is filled once, in ascending order of context, with a fixed pseudo-random token
+    sequence (`seed`; attention cost depends on the length, not the content): each context
+    appends only the tokens beyond the previous one, so the tables up to 2,048 cost one
+    2,048-token prefill (untimed). At each context the sizes are timed in interleaved rounds,
+    each tree dropped again (keep_path([])), so the cache stays at that context.
+    timer(fn) -> seconds replaces the clock (tests)."""
+    import sys
+
+    budgets = _check_sizes(budgets, "budgets")
+    contexts = sorted({int(c) for c in contexts})
+    _check_count(repeats, "repeats", 1)
+    _check_count(warmup, "warmup", 0)
+    if not contexts:
+        return {}
+    _check_count(contexts[0], "context", 1)
+    target = as_backend(target)
+    _check_positions(target, target, contexts[-1], max(budgets))
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, target.vocab_size, (contexts[-1],), generator=generator)
+    bench, timer, out = None, timer or _Timer(target.device), {}
+    for context in contexts:
+        filled = 0 if bench is None else bench.context
+        if progress:
+            print(f"redwood: timing the target at a {context}-token context ({len(budgets)} "
+                  f"sizes, after filling {context - filled} more cache tokens: tens of "
+                  "seconds on a 2-core CPU)", file=sys.stderr, flush=True)
+        if bench is None:
+            bench = _Bench(target, ids[:context], "tree")
+        else:
+            bench.extend(ids[filled:context])
+        for n in budgets:
+            bench.prepare(n, target.vocab_size, generator)
+        samples = _timed_rounds(budgets, bench.run, timer, warmup, repeats, progress)
+        out[context] = {n: _REDUCE[statistic](times) for n, times in samples.items()}
+    target.reset()
+    return out
+
+
+def _timed_rounds(jobs, run, timer, warmup: int, repeats: int, progress: bool) -> dict:
+    """{job: [ms, ...]}: every job once per round (warm-up rounds untimed)."""
+    samples = {job: [] for job in jobs}
+    bar = _progress_bar(len(jobs) * (warmup + repeats), progress)
+    for round_index in range(warmup + repeats):
+        for job in jobs:
+            seconds = timer(lambda: run(job))
+            if round_index >= warmup:
+                samples[job].append(1000.0 * seconds)
+            bar.update(1)
+    bar.close()
+    return samples
+
+
+_REDUCE = {"median": statistics.median, "min": min}
 
 
 def device_description(device: torch.device) -> str:

@@ -8,6 +8,8 @@ profile:    {"format": 1, "kind": "profile", "device": str, "dtype": str, "conte
              "target_ms": {"1": ..., "2": ..., ...}, "draft_ms": {"1": ..., ...}}
     target_ms[n]: one target forward over n tree tokens; draft_ms[w]: one draft forward over
     a level of w tokens. Both need n = 1 and positive times. Extra keys (e.g. "source") are kept.
+    Optional "target_ms_by_context": {"128": {"1": ...}, "1024": {...}}: target_ms measured on
+    top of that many cached tokens (files without it load with None).
 Pure numpy; no torch.
 """
 from __future__ import annotations
@@ -178,7 +180,14 @@ class ConfidenceBins:
 
 @dataclass
 class Profile:
-    """Measured forward times in milliseconds: target by tree size, draft by level width."""
+    """Measured forward times in milliseconds: target by tree size, draft by level width.
+
+    target_ms is measured on top of `context` cached tokens (128 in the first-use profile).
+    target_ms_by_context, when measured (the llama.cpp first-use profile), holds the target's
+    times at several context lengths, {cells: {n: ms}}: every forward attends over all cached
+    cells, so on a CPU t(n) grows with the context (about linearly in cells), and a request at
+    2,000 tokens pays more per tree node than the 128-token table says. target_ms_at(context)
+    reads it; None = only target_ms was measured (older files)."""
 
     target_ms: dict[int, float]
     draft_ms: dict[int, float]
@@ -186,10 +195,22 @@ class Profile:
     dtype: str = ""
     context: int | None = None
     extra: dict = field(default_factory=dict)
+    target_ms_by_context: dict[int, dict[int, float]] | None = None
 
     def __post_init__(self):
         self.target_ms = _check_times(self.target_ms, "target_ms", "profile")
         self.draft_ms = _check_times(self.draft_ms, "draft_ms", "profile")
+        if self.target_ms_by_context is not None:
+            self.target_ms_by_context = check_times_by_context(self.target_ms_by_context)
+
+    def target_ms_at(self, context: int) -> dict[int, float]:
+        """{n: ms} at `context` cached cells: linear in context between the two nearest
+        measured contexts (attention cost grows about linearly with cells), constant beyond
+        the smallest and largest, for the sizes measured at every context; target_ms when
+        there is no by-context table."""
+        if not self.target_ms_by_context:
+            return dict(self.target_ms)
+        return interpolate_by_context(self.target_ms_by_context, context)
 
     def draft_level_ms(self, width: int) -> float | None:
         """Draft time for a level of `width` tokens: the time measured at the nearest width
@@ -202,7 +223,11 @@ class Profile:
         return {"format": FORMAT, "kind": "profile", "device": self.device, "dtype": self.dtype,
                 "context": self.context,
                 "target_ms": {str(n): t for n, t in sorted(self.target_ms.items())},
-                "draft_ms": {str(n): t for n, t in sorted(self.draft_ms.items())}, **self.extra}
+                "draft_ms": {str(n): t for n, t in sorted(self.draft_ms.items())},
+                **({} if self.target_ms_by_context is None else {"target_ms_by_context": {
+                    str(c): {str(n): t for n, t in sorted(times.items())}
+                    for c, times in sorted(self.target_ms_by_context.items())}}),
+                **self.extra}
 
     @classmethod
     def from_dict(cls, data, where: str = "profile") -> "Profile":
@@ -210,12 +235,16 @@ class Profile:
         for key in ("target_ms", "draft_ms"):
             if key not in data:
                 raise RedwoodError(f"{where}: missing '{key}' (object mapping size to milliseconds)")
-        known = {"format", "kind", "device", "dtype", "context", "target_ms", "draft_ms"}
+        known = {"format", "kind", "device", "dtype", "context", "target_ms", "draft_ms",
+                 "target_ms_by_context"}
+        by_context = data.get("target_ms_by_context")
         return cls(target_ms=_check_times(data["target_ms"], "target_ms", where),
                    draft_ms=_check_times(data["draft_ms"], "draft_ms", where),
                    device=data.get("device", ""), dtype=data.get("dtype", ""),
                    context=data.get("context"),
-                   extra={k: v for k, v in data.items() if k not in known})
+                   extra={k: v for k, v in data.items() if k not in known},
+                   target_ms_by_context=None if by_context is None
+                   else check_times_by_context(by_context, where))
 
     def save(self, path) -> Path:
         return _write_json(path, self.to_dict())
@@ -223,6 +252,41 @@ class Profile:
     @classmethod
     def load(cls, path) -> "Profile":
         return cls.from_dict(read_json(path, "profile"), where=str(path))
+
+
+def check_times_by_context(table, where: str = "profile") -> dict[int, dict[int, float]]:
+    """Validate {context: {size: ms}}: contexts positive integers (JSON strings allowed), each
+    table checked as target_ms is; sorted by context."""
+    key = "target_ms_by_context"
+    if not isinstance(table, dict) or not table:
+        raise RedwoodError(f"{where}: '{key}' must be a non-empty object like "
+                           '{"128": {"1": 312.0}}')
+    out: dict[int, dict[int, float]] = {}
+    for raw_c, times in table.items():
+        try:
+            c = int(raw_c)
+        except (TypeError, ValueError):
+            c = 0
+        if c < 1 or str(c) != str(raw_c).strip():
+            raise RedwoodError(f"{where}: {key} key {raw_c!r} is not a positive context length")
+        out[c] = _check_times(times, f"{key}[{c}]", where)
+    return dict(sorted(out.items()))
+
+
+def interpolate_by_context(table: dict[int, dict[int, float]], context: int) -> dict[int, float]:
+    """{n: ms} at `context` from a validated {context: {n: ms}} table: linear between the two
+    nearest measured contexts, the end tables beyond them; only sizes measured at every
+    context (a size missing at one would otherwise be extrapolated from the others)."""
+    contexts = sorted(table)
+    sizes = sorted(set.intersection(*(set(table[c]) for c in contexts)))
+    if context <= contexts[0] or len(contexts) == 1:
+        return {n: table[contexts[0]][n] for n in sizes}
+    if context >= contexts[-1]:
+        return {n: table[contexts[-1]][n] for n in sizes}
+    hi = next(i for i, c in enumerate(contexts) if c >= context)
+    lo_c, hi_c = contexts[hi - 1], contexts[hi]
+    w = (context - lo_c) / (hi_c - lo_c)
+    return {n: (1.0 - w) * table[lo_c][n] + w * table[hi_c][n] for n in sizes}
 
 
 def load_profile(path) -> Profile:

@@ -111,9 +111,12 @@ def draft_phase(scheduler, work: list[Work]) -> int:
     return decodes
 
 
-def target_phase(scheduler, work: list[Work]) -> int:
+def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
     """ONE target decode: every request's tree (the root alone when it does not speculate),
-    plus prompt chunks of new requests in the room left. Returns its token count."""
+    plus prompt chunks of new requests in the room left. A chunk that completes its request's
+    prompt also runs the root, so the first token comes from this decode (as llama-server's
+    does) instead of a step later: those requests come back as root-alone Work with their
+    logits, to verify and emit like any plain step. Returns (tokens decoded, those Work)."""
     target = scheduler.target
     jobs = []
     for w in work:
@@ -124,15 +127,24 @@ def target_phase(scheduler, work: list[Work]) -> int:
             jobs.append(Append(lane, [w.live.root], rows=1))
     used = sum(len(w.tree) for w in work)
     chunks = prefill_chunks(scheduler, target.n_batch - used)
-    jobs += [Append(live.target_lane, ids, 0) for ids, live in chunks]
+    firsts = []
+    for ids, live in chunks:
+        done = live.prefilled + len(ids) == len(live.prefix)
+        if done and used + sum(len(i) for i, _ in chunks) + len(firsts) < target.n_batch:
+            firsts.append(live)
+        jobs.append(Append(live.target_lane, list(ids) + [live.root] * (live in firsts),
+                           int(live in firsts)))
     if not jobs:
-        return 0
+        return 0, []
     outs = target.decode(jobs)
     for w, out in zip(work, outs):
         w.logits = out
-    for ids, live in chunks:
+    first_work = []
+    for (ids, live), out in zip(chunks, outs[len(work):]):
         live.prefilled += len(ids)
-    return used + sum(len(ids) for ids, _ in chunks)
+        if live in firsts:
+            first_work.append(Work(live, ROOT_ONLY, logits=out))
+    return used + sum(len(ids) for ids, _ in chunks) + len(firsts), first_work
 
 
 def verify(scheduler, w: Work) -> list[int]:

@@ -291,8 +291,8 @@ class BatchScheduler:
                         catch_up=sum(w.catch_up for w in work))
         try:
             info.draft_decodes = batch_steps.draft_phase(self, work)
-            info.target_tokens = batch_steps.target_phase(self, work)
-            info.prompt_tokens = info.target_tokens - sum(info.tree_sizes)
+            info.target_tokens, firsts = batch_steps.target_phase(self, work)
+            info.prompt_tokens = info.target_tokens - sum(info.tree_sizes) - len(firsts)
         except Exception as exc:        # a failed decode: undo the step, retry, then give up
             self._undo(saved)
             self.failures += 1
@@ -308,6 +308,8 @@ class BatchScheduler:
             if w.speculative:
                 w.live.acceptance.record(w.tree, w.path)
             info.new_tokens += self._emit(w.live, new, len(w.tree))
+        for w in firsts:                # prompts completed this step: their first token
+            info.new_tokens += self._emit(w.live, batch_steps.verify(self, w), 1)
         end = self.clock()
         info.seconds = end - start
         if work and not info.prompt_tokens and not info.catch_up:

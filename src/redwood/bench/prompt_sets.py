@@ -11,6 +11,8 @@
 - `chat`: general chat requests (creative writing, explanation, reasoning, arithmetic,
   advice, summarising a given paragraph) from `redwood.chat_prompts`, the first N; little of
   the answer copies the prompt. Encoded like the edit sets.
+- `rag`, `convert`, `agent`: copy-heavy requests of `redwood.copy_tasks` (quote a pasted
+  manual, CSV to JSON, the next step of an agent's tool-call loop), encoded like the edit sets.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import torch
 from redwood.errors import RedwoodError
 
 EDIT_SETS = ("whole_file", "mixed", "low_copy")
-CHAT_SETS = EDIT_SETS + ("chat",)          # one user message each, in the chat template
+COPY_SETS = ("rag", "convert", "agent")
+CHAT_SETS = EDIT_SETS + ("chat",) + COPY_SETS   # one user message each, in the chat template
 PROMPT_SETS = ("humaneval",) + CHAT_SETS
 
 
@@ -79,6 +82,10 @@ def _user_messages(name: str, count: int) -> list[tuple[str, str]]:
         from redwood.chat_prompts import chat_prompts
 
         return [(prompt_name, text) for prompt_name, _, text in chat_prompts(count)]
+    if name in COPY_SETS:
+        from redwood.copy_tasks import copy_tasks
+
+        return [(task.name, task.prompt) for task in copy_tasks(name, count)]
     from redwood.edit_tasks import edit_tasks
 
     return [(task.name, task.prompt) for task in edit_tasks(name, count)]

@@ -45,7 +45,7 @@ def cpu_description() -> dict:
     return info
 
 
-class _Tokenizing:
+class PromptEncoder:
     """What bench.prompt_sets needs of a pair: a tokenizer and raw-text encoding."""
 
     def __init__(self, tokenizer):
@@ -87,7 +87,7 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
     methods = check_methods(config.methods)
     binary = find_llama_server(llama_server)
     setup, tokenizer = server_setup(binary, target, draft)
-    prompts, notes = load_prompt_sets(_Tokenizing(tokenizer), config.prompt_sets, config.prompts)
+    prompts, notes = load_prompt_sets(PromptEncoder(tokenizer), config.prompt_sets, config.prompts)
     out_dir = Path(config.out_dir)
     log_dir = Path(config.log_dir) if config.log_dir else out_dir / "server-logs"
     servers = start_servers(methods, setup, log_dir)

@@ -185,7 +185,7 @@ class Engine:
         first_logits, unrun = self._prefill(prompt, drafter, options, stats)
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
-        governor = self._governor(drafter)
+        governor = self._governor(drafter, len(prompt))
 
         root, tokens, accepted, finish = int(prompt[-1]), [], [], None
         state.target, state.drafter, state.prompt = target, drafter, prompt
@@ -251,13 +251,17 @@ class Engine:
         drafter.prefill(prompt[:-1])
         return None, (prompt[kept:-1] if fuse else None)
 
-    def _governor(self, drafter) -> Governor | None:
+    def _governor(self, drafter, context: int) -> Governor | None:
         """A speculative request's governor (with a profile), its costs live unless the
-        engine was built with live_costs=False; the drafter sizes its trees on the same costs."""
+        engine was built with live_costs=False; the drafter sizes its trees on the same costs.
+        Predictions are the profile's at the prompt's context (plan.formats.Profile.target_ms_at),
+        so the live ratios correct what the context does not explain, and a drafter that reads
+        its own table by context does not count the context twice."""
         if drafter is None or self.profile is None:
             return None
-        plain_ms = self.profile.target_ms[min(self.profile.target_ms)]
-        costs = LiveCosts(self.profile.target_ms) if self.live_costs else None
+        table = self.profile.target_ms_at(context)
+        plain_ms = table[min(table)]
+        costs = LiveCosts(table) if self.live_costs else None
         self.last_costs = costs
         _set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)

@@ -286,7 +286,6 @@ class NgramDrafter:
                     best_n, best = n, rate
         return best_n, best
 
-
     def step_target_ms(self) -> dict[int, float] | None:
         """The profile's t(n) for this step: the by-context table at the request's context
         (len(index) tokens), recomputed only when the context enters a new CONTEXT_BUCKET so

@@ -1,0 +1,194 @@
+"""How fast could free drafts make each request on this machine, and how close does redwood get?
+
+    python benchmarks/copy_ceiling.py benchmarks/results/cpu-2core-epyc-copy-2026-12-01.raw.json
+
+Reads a server benchmark's raw records (`redwood bench --servers ... --temperature 0`): per
+prompt, plain llama-server's greedy answer (its text, tokenised back to ids), its prompt time
+(llama-server's `timings.prompt_ms`) and every method's end-to-end times. On this machine's
+first-use profile (target t(n) at the request's context length where the profile has a table
+by context, else its 128-token table) it replays:
+
+- `ceiling`: an oracle that drafts exactly the tokens the target will say next: each step
+  drafts a chain of n - 1 tokens, all accepted, and gains n tokens for t(n); the schedule that
+  minimises the decode time of the whole answer (dynamic programming over measured sizes) is
+  the machine's ceiling for that answer (no real drafter knows the future);
+- `ngram policy`: redwood's n-gram drafter as it runs (its cost model, its calibrated priors,
+  learning, and its memory of earlier answers in run order), proposing on the prompt and the
+  answer so far; a step gains the longest proposed path the answer follows, plus the bonus
+  token, and costs t(tree size);
+and reports, per prompt, both as end-to-end speedups over plain decoding (prompt time + t(1)
+per token), beside the measured speedup of each method (round 1: the memory-flattering later
+rounds excluded) and the share of the ceiling's gain a method reached: (measured - 1) /
+(ceiling - 1). The replay is a cost-model prediction: it ignores the time around the forwards
+and assumes t(n) at the context it interpolates. Writes JSON + markdown next to the input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", help="a server benchmark's .raw.json")
+    parser.add_argument("--baseline", default="llama-server")
+    args = parser.parse_args(argv)
+
+    records = [r for r in json.loads(Path(args.raw).read_text()) if r["temperature"] == 0]
+    profile, tokenizer, pair = _machine()
+    prompts = _prompt_ids(pair, records)
+    drafter = _drafter(profile)
+    rows = []
+    for (prompt_set, name), ids in prompts.items():
+        base = _first(records, prompt_set, name, args.baseline)
+        if base is None:
+            continue
+        answer = tokenizer.encode(base["text"], add_special_tokens=False)
+        prompt_ms = (base.get("extra", {}).get("timings") or {}).get("prompt_ms") or 0.0
+        costs = _costs_at(profile, len(ids) + len(answer) // 2)
+        plain = prompt_ms + costs[1] * len(answer)
+        ceiling = prompt_ms + oracle_ms(len(answer), costs)
+        policy = prompt_ms + policy_ms(drafter, ids, answer, costs)
+        row = {"set": prompt_set, "prompt": name, "prompt_tokens": len(ids),
+               "answer_tokens": len(answer), "ceiling": round(plain / ceiling, 3),
+               "ngram_policy": round(plain / policy, 3)}
+        for method in sorted({r["method"] for r in records} - {args.baseline}):
+            mine = _first(records, prompt_set, name, method)
+            if mine is not None:
+                measured = base["wall_seconds"] / mine["wall_seconds"]
+                row[method] = round(measured, 3)
+                row[method + " share"] = round((measured - 1) / (row["ceiling"] - 1), 3) \
+                    if row["ceiling"] > 1.001 else None
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    out = Path(args.raw.replace(".raw.json", "-ceiling.json"))
+    out.write_text(json.dumps({"profile": profile.to_dict(), "rows": rows}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(rows))
+    print(markdown(rows))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def oracle_ms(tokens: int, costs: dict[int, float]) -> float:
+    """Least decode time for `tokens` tokens when every drafted token is right: best[r] = min
+    over measured n <= r of t(n) + best[r - n] (n tokens per step: n - 1 drafted + bonus)."""
+    best = [0.0] + [float("inf")] * tokens
+    sizes = sorted(costs)
+    for r in range(1, tokens + 1):
+        best[r] = min(costs[n] + best[r - n] for n in sizes if n <= r)
+    return best[tokens]
+
+
+def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> float:
+    """Decode time of `answer` under the n-gram drafter's own choices (see the module doc)."""
+    import torch
+
+    from redwood.decode.drafter import ChildChooser
+    from redwood.decode.layout import LayoutCache
+    from redwood.decode.ngram_drafter import ngram_budget_tree
+
+    layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree())
+    choose = ChildChooser(greedy=True)
+    drafter.prefill(torch.tensor(prompt[:-1]))
+    text, root, at, total = answer, prompt[-1], 0, 0.0
+    while at < len(text):
+        proposal = drafter.propose(root, layout, choose)
+        parents, tokens = proposal.layout.tree.parents, proposal.tokens.tolist()
+        path = [0]
+        while True:                          # follow the answer down the proposed tree
+            kids = [u for u in range(len(parents)) if parents[u] == path[-1]]
+            nxt = at + len(path) - 1
+            match = [u for u in kids if nxt < len(text) and tokens[u] == text[nxt]]
+            if not match:
+                break
+            path.append(match[0])
+        drafter.commit(path, proposal.tokens)
+        gained = len(path)                   # accepted drafts + the bonus token
+        total += costs.get(len(tokens), _nearest(costs, len(tokens)))
+        at += gained
+        root = text[at - 1] if at - 1 < len(text) else root
+    drafter.finish()
+    return total
+
+
+def _nearest(costs: dict[int, float], n: int) -> float:
+    above = [m for m in costs if m >= n]
+    return costs[min(above)] if above else costs[max(costs)] * n / max(costs)
+
+
+def _costs_at(profile, context: int) -> dict[int, float]:
+    at = getattr(profile, "target_ms_at", None)
+    return dict(at(context)) if at is not None else dict(profile.target_ms)
+
+
+def _first(records, prompt_set, name, method):
+    """The method's round-1 record of the prompt (the fastest of round 1 if repeated)."""
+    mine = [r for r in records if r["prompt_set"] == prompt_set and r["prompt"] == name
+            and r["method"] == method]
+    first = [r for r in mine if r["round"] == min(x["round"] for x in mine)] if mine else []
+    return min(first, key=lambda r: r["wall_seconds"]) if first else None
+
+
+def _machine():
+    from redwood.bench.server_run import PromptEncoder
+    from redwood.measure.machine_profile import machine_profile
+    from redwood.models.runtime import load_models
+
+    models = load_models("qwen2.5-coder", backend="llamacpp", progress=False)
+    profile = machine_profile(models.target, models.draft, progress=True)
+    return profile, models.tokenizer, PromptEncoder(models.tokenizer)
+
+
+def _prompt_ids(pair, records) -> dict:
+    from redwood.bench.prompt_sets import load_prompt_sets
+
+    sets = sorted({r["prompt_set"] for r in records})
+    count = max(int(r["prompt"].rsplit("-", 1)[1]) for r in records) + 1
+    prompts, _ = load_prompt_sets(pair, sets, count)
+    wanted = {(r["prompt_set"], r["prompt"]) for r in records}
+    return {(p.prompt_set, p.name): p.ids.tolist() for p in prompts if (p.prompt_set, p.name) in wanted}
+
+
+def _drafter(profile):
+    from redwood.decode.ngram_drafter import NgramDrafter
+    from redwood.decode.ngram_memory import NgramMemory
+    from redwood.measure.bundles import find_bundle
+    from redwood.measure.ngram_calibration import acceptance_model
+
+    bundle = find_bundle("auto", "qwen2.5-coder", "llamacpp")
+    return NgramDrafter(target_ms=profile.target_ms, model=acceptance_model(bundle),
+                        memory=NgramMemory(max_tokens=32768))
+
+
+def markdown(rows: list[dict]) -> str:
+    methods = sorted({k for r in rows for k in r if k not in
+                      ("set", "prompt", "prompt_tokens", "answer_tokens", "ceiling",
+                       "ngram_policy") and not k.endswith(" share")})
+    head = ["set", "prompt", "prompt / answer tokens", "ceiling", "ngram policy (replayed)"]
+    lines = ["| " + " | ".join(head + [f"{m} (measured, share of ceiling)" for m in methods]) + " |",
+             "|" + "---|" * (len(head) + len(methods))]
+    for r in rows:
+        cells = [r["set"], r["prompt"], f"{r['prompt_tokens']} / {r['answer_tokens']}",
+                 f"{r['ceiling']:.2f}", f"{r['ngram_policy']:.2f}"]
+        for m in methods:
+            share = r.get(m + " share")
+            cells.append(f"{r[m]:.2f} ({share:.0%})" if m in r and share is not None
+                         else (f"{r[m]:.2f}" if m in r else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    for prompt_set in sorted({r["set"] for r in rows}):
+        mine = [r for r in rows if r["set"] == prompt_set]
+        summary = [f"ceiling median {statistics.median(r['ceiling'] for r in mine):.2f}",
+                   f"policy {statistics.median(r['ngram_policy'] for r in mine):.2f}"]
+        for m in methods:
+            shares = [r[m + " share"] for r in mine if r.get(m + " share") is not None]
+            if shares:
+                summary.append(f"{m} share median {statistics.median(shares):.0%}")
+        lines.append(f"\n{prompt_set}: " + ", ".join(summary))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

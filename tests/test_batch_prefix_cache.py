@@ -70,6 +70,26 @@ def test_common_prefix_long_and_short():
 
 # -- reuse ----------------------------------------------------------------------------------
 
+def test_by_default_other_caches_go_when_a_request_starts(contexts):
+    """cache_tokens 0 (the default): the last finished request stays cached until another
+    request starts; one that reuses it keeps it, an unrelated one evicts it."""
+    sched = scheduler(contexts)
+    a = sched.submit(BatchRequest(CLEAR_PROMPTS[0] * 3, SamplingParams(6), stop_on_eos=False))
+    sched.run(1000)
+    index = contexts[0].index
+
+    def cached():       # the cached sequences (a tree's accepted tokens past max_tokens too)
+        return [index.sequence(i) for i in range(len(contexts[0].lanes)) if i in index]
+
+    assert [seq[:len(a.prompt) + 5] for seq in cached()] == [tuple(a.prompt + a.tokens[:5])]
+    b = sched.submit(BatchRequest(CLEAR_PROMPTS[1] * 3, SamplingParams(6), stop_on_eos=False))
+    sched.run(1000)
+    assert b.cached_tokens == 0
+    assert [seq[:len(b.prompt) + 5] for seq in cached()] == [tuple(b.prompt + b.tokens[:5])]
+    assert sched.cache_stats.evictions == 1
+    assert_all_free(*contexts)
+
+
 def test_a_second_turn_reuses_the_first_and_matches_a_fresh_engine(contexts, engine):
     """Turn 2's prompt = turn 1's prompt + its answer + a new message: every cell turn 1
     committed is reused (the answer's last token was never run), the output equals the
@@ -105,9 +125,9 @@ def test_divergence_mid_prefix_keeps_only_the_shared_cells(contexts, engine):
 
 
 def test_lru_eviction_under_a_budget(contexts):
-    """cache_tokens = room for two cached requests: the least recently used goes first, and a
-    hit refreshes a cache's place."""
-    sched = scheduler(contexts, cache_tokens=40)         # cached: 15, 21 and 13 cells
+    """cache_tokens = 30 besides the last finished request's cache: the least recently used
+    goes first, and a hit refreshes a cache's place."""
+    sched = scheduler(contexts, cache_tokens=30)         # cached: 15, 21 and 13 cells
     prompts = [CLEAR_PROMPTS[i] * 2 for i in (0, 1, 2)]
     for prompt in prompts[:2]:
         sched.submit(BatchRequest(prompt, SamplingParams(10), stop_on_eos=False))
@@ -118,7 +138,7 @@ def test_lru_eviction_under_a_budget(contexts):
     sched.submit(BatchRequest(prompts[2], SamplingParams(10), stop_on_eos=False))
     sched.run(1000)
     target = contexts[0]
-    assert target.idle_cells() <= 40 and sched.cache_stats.evictions == 1
+    assert target.idle_cells() <= 30 + 13 and sched.cache_stats.evictions == 1
     cached = {tuple(target.index.sequence(i)[:5]) for i in range(len(target.lanes))
               if i in target.index}
     assert tuple(prompts[1][:5]) not in cached and tuple(prompts[0][:5]) in cached
@@ -168,8 +188,9 @@ def test_a_request_cancelled_mid_prefill_leaves_only_evaluated_cells(contexts, e
 
 def test_soak_of_mixed_requests_stays_bounded_and_consistent(contexts):
     """200 requests (shared prefixes, follow-up turns, cache off, cancellations, sampled and
-    greedy), up to 4 at a time with a 300-cell budget: idle caches never exceed it, cells never
-    exceed the context, every lane's cells match its tokens in llama.cpp, and none is lost."""
+    greedy), up to 4 at a time with a 300-cell budget: idle caches never exceed it (besides the
+    last finished request's), cells never exceed the context, every lane's cells match its
+    tokens in llama.cpp, and none is lost."""
     rng = random.Random(1)
     sched = scheduler(contexts, cache_tokens=300)
     history: list[list[int]] = []
@@ -189,8 +210,8 @@ def test_soak_of_mixed_requests_stays_bounded_and_consistent(contexts):
             sched.step()
             for ctx in contexts:
                 assert ctx.used_cells() <= ctx.n_ctx
-                idle = ctx.idle_cells()
-                assert idle <= 300, idle
+                spare = max((x.length for x in ctx.lanes if not x.busy), default=0)
+                assert ctx.idle_cells() <= 300 + spare, ctx.idle_cells()
         history = (history + [prompt + request.tokens])[-6:]
         finished += request.done
     assert sched.idle and sched.cache_stats.lookups > 150 and sched.cache_stats.hits > 30

@@ -233,9 +233,10 @@ def _add_serve(sub):
                    "time, the previous request's. A request may also send \"cache_prompt\": "
                    "false)")
     p.add_argument("--cache-tokens", type=int, default=None, metavar="N",
-                   help="batched: at most N KV cells held by finished requests' cached prefixes "
-                   "(least recently used evicted first; default: whatever live requests leave "
-                   "free; live requests always get their room)")
+                   help="batched: besides the last finished request's cache (kept until its "
+                   "next turn or another request), keep up to N KV cells of other finished "
+                   "requests' prefixes (least recently used evicted first; default 0: on a CPU "
+                   "every cached cell slows each live step, as attention spans the whole cache)")
     p.add_argument("--ngram-memory", type=int, default=32768, metavar="TOKENS",
                    help="--drafter ngram|hybrid|auto: the n-gram drafter also drafts from the "
                    "answers of earlier requests, kept up to TOKENS tokens (oldest answers "

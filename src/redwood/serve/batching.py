@@ -134,8 +134,8 @@ class BatchScheduler:
     tokens per context per step, so a long prompt does not stall the live requests. clock:
     seconds, for the step times the planner learns from (tests inject one). prefix_cache:
     keep finished requests' cells and reuse them (False: every prompt is prefilled afresh);
-    cache_tokens: most cells idle caches may hold per context (None: whatever live requests
-    leave free)."""
+    cache_tokens: most cells the idle caches of other requests than the last finished one may
+    hold per context (None = 0: they slow every live step, serve/prefix_reuse.py)."""
 
     def __init__(self, target: MultiSeqContext, draft: MultiSeqContext | None, planner,
                  acceptance: Callable | None = None, max_batch: int | None = None,
@@ -165,7 +165,7 @@ class BatchScheduler:
         if cache_tokens is not None and (isinstance(cache_tokens, bool)
                                          or not isinstance(cache_tokens, int) or cache_tokens < 0):
             raise RedwoodError(f"cache_tokens must be a non-negative integer, got {cache_tokens!r}")
-        self.prefix_cache, self.cache_tokens = bool(prefix_cache), cache_tokens
+        self.prefix_cache, self.cache_tokens = bool(prefix_cache), cache_tokens or 0
         self.cache_stats = prefix_reuse.PrefixCacheStats()
         self.waiting: collections.deque[BatchRequest] = collections.deque()
         self.live: list[Live] = []
@@ -366,7 +366,8 @@ class BatchScheduler:
                 if lane is not None:
                     ctx.release(lane, keep=keep)
                     prefix_reuse.make_room(ctx, self.reserved, self.cache_tokens,
-                                           self.cache_stats if ctx is self.target else None)
+                                           self.cache_stats if ctx is self.target else None,
+                                           spare=lane)
         request.finish_reason = reason
         if request.on_finish is not None:
             try:

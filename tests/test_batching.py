@@ -429,3 +429,21 @@ def test_the_first_token_comes_from_the_prefill_decode(contexts, engine):
         assert len(request.tokens) == (1 if step == 5 else 0), step
     sched.run(1000)
     assert request.tokens == engine.generate(torch.tensor(prompt), 12, stop_on_eos=False).tokens
+
+
+def test_a_lone_prompt_prefills_in_larger_chunks(contexts):
+    """With nothing decoding, lone_prefill_chunk bounds the chunk; once a request decodes,
+    prefill_chunk does (the live request's step is not delayed)."""
+    sched = scheduler(contexts, prefill_chunk=8, lone_prefill_chunk=32)
+    long_prompt = CLEAR_PROMPTS[0] * 12                           # a 35-token prefix
+    first = sched.submit(BatchRequest(long_prompt, SamplingParams(30), stop_on_eos=False,
+                                      cache_prompt=False))
+    sched.step()
+    assert sched.last.prompt_tokens == 32
+    sched.step()
+    assert first.tokens                                           # 3 more + its first token
+    second = sched.submit(BatchRequest(CLEAR_PROMPTS[1] * 6, SamplingParams(4),
+                                       stop_on_eos=False, cache_prompt=False))
+    sched.step()
+    assert sched.last.prompt_tokens == 8 and not second.tokens
+    sched.run(1000)

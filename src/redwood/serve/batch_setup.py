@@ -135,7 +135,8 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
         planner, max_batch = _planner(contexts, fixed, max_batch, progress, cache_dir)
         scheduler = BatchScheduler(contexts[0], contexts[1] if len(contexts) > 1 else None,
                                    planner, acceptance_by_temperature(bundle), max_batch,
-                                   prefix_cache=prefix_cache, cache_tokens=cache_tokens)
+                                   prefix_cache=prefix_cache, cache_tokens=cache_tokens,
+                                   lone_prefill_chunk=N_BATCH)
         return scheduler, load_tokenizer(tokenizer_source)
     except BaseException:
         for ctx in contexts:

@@ -179,10 +179,12 @@ def prefill_chunks(scheduler, room: int) -> list[tuple]:
     """(ids, live) prompt chunks for requests still prefilling the target, at most `room` and
     prefill_chunk tokens in all. The shortest remaining prompt goes first (then the earliest
     admitted), so a short request is not stuck behind a long prompt's chunks: its first token
-    comes a step after admission. With the prefix cache, a request first shares what a live
+    comes a step after admission. When no request decodes, chunks may be lone_prefill_chunk
+    long (the server's whole batch, as llama-server's prefill: larger chunks run faster). With the prefix cache, a request first shares what a live
     request already evaluated of its prompt, and skips its chunk while an earlier request
     still evaluates the prefix they share (serve/prefix_reuse.py)."""
-    room = min(room, scheduler.prefill_chunk)
+    alone = not any(x.ready for x in scheduler.live)   # none decodes: no step to delay
+    room = min(room, scheduler.lone_prefill_chunk if alone else scheduler.prefill_chunk)
     chunks = []
     waiting = [x for x in scheduler.live if not x.ready]
     if scheduler.prefix_cache:

@@ -131,7 +131,8 @@ class BatchScheduler:
     planner: BatchPlanner or FixedPlanner (plan(ps) -> BatchPlan). acceptance(params) -> p:
     each request's acceptance vector for the planner (default: every p_k 0 = no speculation).
     draft None: no speculation at all (plain batched decoding). prefill_chunk: most prompt
-    tokens per context per step, so a long prompt does not stall the live requests. clock:
+    tokens per context per step, so a long prompt does not stall the live requests
+    (lone_prefill_chunk: per step when no request decodes; None = prefill_chunk). clock:
     seconds, for the step times the planner learns from (tests inject one). prefix_cache:
     keep finished requests' cells and reuse them (False: every prompt is prefilled afresh);
     cache_tokens: most cells the idle caches of other requests than the last finished one may
@@ -140,7 +141,8 @@ class BatchScheduler:
     def __init__(self, target: MultiSeqContext, draft: MultiSeqContext | None, planner,
                  acceptance: Callable | None = None, max_batch: int | None = None,
                  prefill_chunk: int = 256, clock: Callable[[], float] = time.perf_counter,
-                 prefix_cache: bool = True, cache_tokens: int | None = None):
+                 prefix_cache: bool = True, cache_tokens: int | None = None,
+                 lone_prefill_chunk: int | None = None):
         lanes = len(target.lanes) if draft is None else min(len(target.lanes), len(draft.lanes))
         max_batch = lanes if max_batch is None else max_batch
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
@@ -161,6 +163,7 @@ class BatchScheduler:
         self.target, self.draft, self.planner = target, draft, planner
         self.acceptance = acceptance or (lambda params: (0.0,))
         self.max_batch, self.prefill_chunk = max_batch, max(1, int(prefill_chunk))
+        self.lone_prefill_chunk = max(self.prefill_chunk, int(lone_prefill_chunk or 0))
         self.clock = clock
         if cache_tokens is not None and (isinstance(cache_tokens, bool)
                                          or not isinstance(cache_tokens, int) or cache_tokens < 0):

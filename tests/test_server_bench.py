@@ -189,3 +189,28 @@ def test_paused_server_answers_only_after_resume(tmp_path):
         assert get_json(server.url, "/health", timeout=5.0)[0] == 200
         server.pause()                                   # stop() must end a paused process
     assert server.process is None
+
+
+def test_an_interrupted_run_keeps_the_prompts_every_method_answered():
+    """Ctrl-C during a run: the records of the prompts every method answered are returned, for
+    the report to be written."""
+    a, a_url = serve_in_thread(0.001, tokens=4)
+    b, b_url = serve_in_thread(0.001, tokens=4)
+    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
+               for i in range(3)]
+    config = ServerBenchConfig(methods=["redwood-ngram"], rounds=3, max_tokens=4)
+    lines = []
+
+    def progress(line):
+        lines.append(line)
+        if len(lines) == 2:          # after prompt 2 of round 1: interrupt the next request
+            raise KeyboardInterrupt
+
+    try:
+        records = run_requests(config, prompts, {"llama-server": a_url, "redwood-ngram": b_url},
+                               progress=progress)
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert len(records) == 2 * 2 and {r.prompt for r in records} == {"chat-0", "chat-1"}
+    assert "interrupted: keeping the 2 prompts" in lines[-1]

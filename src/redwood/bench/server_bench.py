@@ -109,7 +109,8 @@ def stop_servers(servers: dict) -> None:
 def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                  progress=print, servers: dict | None = None) -> list[Record]:
     """Every round x temperature x prompt x method, methods rotating per prompt; a warm-up
-    request per server first (untimed). servers: {name: ServerProcess} to pause while another
+    request per server first (untimed). Interrupted (Ctrl-C), it returns the records of the
+    prompts every method answered, so a long run cut short still reports them. servers: {name: ServerProcess} to pause while another
     answers (None: nothing paused, e.g. servers this process does not own)."""
     names = list(urls)
     servers = servers or {}
@@ -120,27 +121,34 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
     records: list[Record] = []
     total = config.rounds * len(config.temperatures) * len(prompts) * len(names)
     start = time.perf_counter()
-    for r in range(config.rounds):
-        for temperature in config.temperatures:
-            for i, prompt in enumerate(prompts):
-                body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
-                                    config.stream)
-                for order, name in enumerate(rotated(names, i + r)):
-                    reply = alone(name, servers, lambda: complete(urls[name], body))
-                    tokens = reply.completion_tokens
-                    if tokens is None:
-                        raise RedwoodError(f"{name} gave no usage.completion_tokens")
-                    records.append(Record(r, prompt.prompt_set, prompt.name, temperature, name,
-                                          order, int(len(prompt.ids)), reply.wall_seconds,
-                                          int(tokens), reply.finish_reason, reply.ttft_seconds,
-                                          reply.text, os.getloadavg()[0], reply.extra))
-                done = len(records)
-                elapsed = time.perf_counter() - start
-                progress(f"round {r + 1}/{config.rounds} T={temperature:g} {prompt.name}: "
-                         + ", ".join(f"{rec.method} {rec.completion_tokens / rec.wall_seconds:.1f}"
-                                     for rec in records[-len(names):])
-                         + f" tok/s  [{done}/{total}, {elapsed / 60:.1f} min, "
-                           f"~{elapsed / done * (total - done) / 60:.1f} min left]")
+    try:                    # Ctrl-C keeps what was measured (whole prompts only)
+        for r in range(config.rounds):
+            for temperature in config.temperatures:
+                for i, prompt in enumerate(prompts):
+                    body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
+                                        config.stream)
+                    for order, name in enumerate(rotated(names, i + r)):
+                        reply = alone(name, servers, lambda: complete(urls[name], body))
+                        tokens = reply.completion_tokens
+                        if tokens is None:
+                            raise RedwoodError(f"{name} gave no usage.completion_tokens")
+                        records.append(Record(r, prompt.prompt_set, prompt.name, temperature, name,
+                                              order, int(len(prompt.ids)), reply.wall_seconds,
+                                              int(tokens), reply.finish_reason, reply.ttft_seconds,
+                                              reply.text, os.getloadavg()[0], reply.extra))
+                    done = len(records)
+                    elapsed = time.perf_counter() - start
+                    progress(f"round {r + 1}/{config.rounds} T={temperature:g} {prompt.name}: "
+                             + ", ".join(f"{rec.method} {rec.completion_tokens / rec.wall_seconds:.1f}"
+                                         for rec in records[-len(names):])
+                             + f" tok/s  [{done}/{total}, {elapsed / 60:.1f} min, "
+                               f"~{elapsed / done * (total - done) / 60:.1f} min left]")
+    except KeyboardInterrupt:
+        whole = len(records) - len(records) % len(names)
+        if not whole:
+            raise
+        progress(f"interrupted: keeping the {whole // len(names)} prompts every method answered")
+        del records[whole:]
     return records
 
 

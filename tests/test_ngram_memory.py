@@ -317,7 +317,7 @@ def test_greedy_with_memory_equals_autoregressive_llamacpp(tiny_gguf_pair):
     """test_ngram's llama.cpp setup (prompts without near-ties), each prompt run twice."""
     pytest.importorskip("llama_cpp")
     from redwood.backends.llamacpp import LlamaCppBackend
-    from test_ngram import LLAMA_PROMPTS
+    from test_ngram import LLAMA_PROMPTS, assert_no_near_tie
 
     options = dict(n_ctx=512, n_seq_max=16, n_batch=64, n_threads=1)
     with LlamaCppBackend(tiny_gguf_pair[0], **options) as target, \
@@ -327,10 +327,7 @@ def test_greedy_with_memory_equals_autoregressive_llamacpp(tiny_gguf_pair):
         for prompt in LLAMA_PROMPTS:
             reference = engine.generate(torch.tensor(prompt), 32, method="autoregressive",
                                         stop_on_eos=False)
-            fresh.reset()                 # precondition: no near-tie on any generated position
-            logits = fresh.append(prompt + reference.tokens, rows=33)[:-1]
-            top = logits.topk(2, dim=-1).values
-            assert float((top[:, 0] - top[:, 1]).min()) > 0.1, f"near-tie in {prompt}"
+            assert_no_near_tie(fresh, prompt, reference.tokens)
             for _ in range(2):
                 result = engine.generate(torch.tensor(prompt), 32, method="sequoia",
                                          stop_on_eos=False)

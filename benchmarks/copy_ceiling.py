@@ -89,6 +89,7 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
     from redwood.decode.drafter import ChildChooser
     from redwood.decode.layout import LayoutCache
     from redwood.decode.ngram_drafter import ngram_budget_tree
+    from redwood.plan.live_costs import measured_ms
 
     layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree())
     choose = ChildChooser(greedy=True)
@@ -107,16 +108,11 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
             path.append(match[0])
         drafter.commit(path, proposal.tokens)
         gained = len(path)                   # accepted drafts + the bonus token
-        total += costs.get(len(tokens), _nearest(costs, len(tokens)))
+        total += measured_ms(costs, len(tokens))
         at += gained
         root = text[at - 1] if at - 1 < len(text) else root
     drafter.finish()
     return total
-
-
-def _nearest(costs: dict[int, float], n: int) -> float:
-    above = [m for m in costs if m >= n]
-    return costs[min(above)] if above else costs[max(costs)] * n / max(costs)
 
 
 def _costs_at(profile, context: int) -> dict[int, float]:

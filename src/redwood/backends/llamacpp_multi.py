@@ -142,11 +142,7 @@ class MultiSeqContext:
         used idle lane, its cache evicted. An idle `lane` given: it keeps its first `keep`
         cached cells (the rest are removed). RedwoodError when every lane is taken."""
         if lane is None:
-            idle = [x for x in self.lanes if not x.busy]
-            if not idle:
-                raise RedwoodError(f"all {len(self.lanes)} lanes of {self.name} are in use")
-            lane = min(idle, key=lambda x: (x.length > 0, x.used))
-            keep = 0
+            lane, keep = self.free_lane(), 0
         elif lane.busy or lane not in self.lanes:
             raise RedwoodError("acquire: that lane is not an idle lane of this context")
         self.backend._live()
@@ -157,6 +153,14 @@ class MultiSeqContext:
             self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, keep, -1)
         lane.busy, lane.length, lane.step, lane.tokens = True, keep, None, lane.tokens[:keep]
         return lane
+
+    def free_lane(self) -> Lane:
+        """The idle lane acquire() takes when not told which: one with nothing cached, else
+        the least recently used. RedwoodError when every lane is taken."""
+        idle = [x for x in self.lanes if not x.busy]
+        if not idle:
+            raise RedwoodError(f"all {len(self.lanes)} lanes of {self.name} are in use")
+        return min(idle, key=lambda x: (x.length > 0, x.used))
 
     def release(self, lane: Lane, keep: bool = False) -> None:
         """Free the lane. keep False: remove every cell of it (all its ids). keep True: its

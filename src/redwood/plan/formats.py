@@ -263,11 +263,8 @@ def check_times_by_context(table, where: str = "profile") -> dict[int, dict[int,
                            '{"128": {"1": 312.0}}')
     out: dict[int, dict[int, float]] = {}
     for raw_c, times in table.items():
-        try:
-            c = int(raw_c)
-        except (TypeError, ValueError):
-            c = 0
-        if c < 1 or str(c) != str(raw_c).strip():
+        c = _positive_int_key(raw_c)
+        if c is None:
             raise RedwoodError(f"{where}: {key} key {raw_c!r} is not a positive context length")
         out[c] = _check_times(times, f"{key}[{c}]", where)
     return dict(sorted(out.items()))
@@ -327,17 +324,24 @@ def _number_array(values, what: str) -> np.ndarray:
     return arr
 
 
+def _positive_int_key(raw) -> int | None:
+    """A JSON object key (or int) as a positive integer, None if it is not one: "12" -> 12,
+    "012", "1.5", "x", "0" -> None."""
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        return None
+    return n if n >= 1 and str(n) == str(raw).strip() else None
+
+
 def _check_times(times, key: str, where: str) -> dict[int, float]:
     """Validate {size: ms}: keys positive integers (JSON strings allowed), values positive, 1 present."""
     if not isinstance(times, dict) or not times:
         raise RedwoodError(f"{where}: '{key}' must be a non-empty object like {{\"1\": 312.0}}")
     out: dict[int, float] = {}
     for raw_n, raw_t in times.items():
-        try:
-            n = int(raw_n)
-        except (TypeError, ValueError):
-            n = 0
-        if n < 1 or str(n) != str(raw_n).strip():
+        n = _positive_int_key(raw_n)
+        if n is None:
             raise RedwoodError(f"{where}: {key} key {raw_n!r} is not a positive integer size")
         if isinstance(raw_t, bool) or not isinstance(raw_t, (int, float)) \
                 or not math.isfinite(raw_t) or raw_t <= 0:

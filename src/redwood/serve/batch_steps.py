@@ -127,24 +127,24 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
             jobs.append(Append(lane, [w.live.root], rows=1))
     used = sum(len(w.tree) for w in work)
     chunks = prefill_chunks(scheduler, target.n_batch - used)
-    firsts = []
+    decoded = used + sum(len(ids) for ids, _ in chunks)
+    firsts = []                                  # per chunk: does it also run the root?
     for ids, live in chunks:
-        done = live.prefilled + len(ids) == len(live.prefix)
-        if done and used + sum(len(i) for i, _ in chunks) + len(firsts) < target.n_batch:
-            firsts.append(live)
-        jobs.append(Append(live.target_lane, list(ids) + [live.root] * (live in firsts),
-                           int(live in firsts)))
+        first = (live.prefilled + len(ids) == len(live.prefix)
+                 and decoded + sum(firsts) < target.n_batch)
+        firsts.append(first)
+        jobs.append(Append(live.target_lane, list(ids) + [live.root] * first, int(first)))
     if not jobs:
         return 0, []
     outs = target.decode(jobs)
     for w, out in zip(work, outs):
         w.logits = out
     first_work = []
-    for (ids, live), out in zip(chunks, outs[len(work):]):
+    for (ids, live), first, out in zip(chunks, firsts, outs[len(work):]):
         live.prefilled += len(ids)
-        if live in firsts:
+        if first:
             first_work.append(Work(live, ROOT_ONLY, logits=out))
-    return used + sum(len(ids) for ids, _ in chunks) + len(firsts), first_work
+    return decoded + len(first_work), first_work
 
 
 def verify(scheduler, w: Work) -> list[int]:
@@ -180,8 +180,9 @@ def prefill_chunks(scheduler, room: int) -> list[tuple]:
     prefill_chunk tokens in all. The shortest remaining prompt goes first (then the earliest
     admitted), so a short request is not stuck behind a long prompt's chunks: its first token
     comes a step after admission. When no request decodes, chunks may be lone_prefill_chunk
-    long (the server's whole batch, as llama-server's prefill: larger chunks run faster). With the prefix cache, a request first shares what a live
-    request already evaluated of its prompt, and skips its chunk while an earlier request
+    long (the server's whole batch, as llama-server's prefill: larger chunks run faster).
+    With the prefix cache, a request first shares what a live request already evaluated of its
+    prompt, and skips its chunk while an earlier request
     still evaluates the prefix they share (serve/prefix_reuse.py)."""
     alone = not any(x.ready for x in scheduler.live)   # none decodes: no step to delay
     room = min(room, scheduler.lone_prefill_chunk if alone else scheduler.prefill_chunk)

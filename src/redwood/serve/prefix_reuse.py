@@ -43,17 +43,16 @@ def take_lane(ctx: MultiSeqContext, prefix: list[int], reuse: bool,
     """(lane, cells reused): the idle lane caching the longest prefix of `prefix` (reuse
     False or no match: an empty lane, else the least recently used cache is evicted), topped
     up from a live lane that holds more of it."""
-    length, cached = ctx.cached_prefix(prefix) if reuse else (0, None)
-    if cached is None:
-        idle = [x for x in ctx.lanes if not x.busy]
-        if idle and all(x.length for x in idle) and stats is not None:
+    length, lane = ctx.cached_prefix(prefix) if reuse else (0, None)
+    if lane is None:
+        lane, length = ctx.free_lane(), 0
+        evicted = ctx.evict(lane)
+        if evicted and stats is not None:
             stats.evictions += 1
-            stats.evicted_tokens += min(idle, key=lambda x: x.used).length
-    lane = ctx.acquire(cached, length) if cached is not None else ctx.acquire()
+            stats.evicted_tokens += evicted
+    lane = ctx.acquire(lane, length)
     if reuse:
-        more, source = ctx.live_prefix(prefix, exclude=lane)
-        if more > lane.length:
-            ctx.share(source, lane, more)
+        share_prefill(ctx, lane, prefix)
     return lane, lane.length
 
 

@@ -74,7 +74,6 @@ def main(argv=None) -> int:
         stop_servers(servers)
     summary = summarise(rows, methods)
     cpu = cpu_description()
-    cpu.pop("flags")
     doc = {"cpu": cpu, "max_tokens": args.max_tokens, "methods": methods,
            "workloads": args.workloads, "summary": summary, "rows": rows}
     label = f"-{args.label}" if args.label else ""

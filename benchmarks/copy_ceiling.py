@@ -88,10 +88,10 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
 
     from redwood.decode.drafter import ChildChooser
     from redwood.decode.layout import LayoutCache
-    from redwood.decode.ngram_drafter import ngram_budget_tree
+    from redwood.decode.ngram_drafter import COPY_DEPTH, ngram_budget_tree
     from redwood.plan.live_costs import measured_ms
 
-    layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree())
+    layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree(depth=COPY_DEPTH))
     choose = ChildChooser(greedy=True)
     drafter.prefill(torch.tensor(prompt[:-1]))
     text, root, at, total = answer, prompt[-1], 0, 0.0
@@ -149,13 +149,16 @@ def _prompt_ids(pair, records) -> dict:
 
 
 def _drafter(profile):
-    from redwood.decode.ngram_drafter import NgramDrafter
+    from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
     from redwood.decode.ngram_memory import NgramMemory
     from redwood.measure.bundles import find_bundle
     from redwood.measure.ngram_calibration import acceptance_model
 
     bundle = find_bundle("auto", "qwen2.5-coder", "llamacpp")
-    return NgramDrafter(target_ms=profile.target_ms, model=acceptance_model(bundle),
+    # as `serve --drafter ngram` builds it (cli/textgen.use_ngram_drafter), without live costs
+    return NgramDrafter(target_ms=profile.target_ms,
+                        target_ms_by_context=profile.target_ms_by_context,
+                        model=acceptance_model(bundle), max_length=COPY_DEPTH,
                         memory=NgramMemory(max_tokens=32768))
 
 

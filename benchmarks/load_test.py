@@ -11,10 +11,16 @@ the last token - time of the first) / (tokens - 1)); a token's time is when its 
 (method, c): aggregate tokens/s (all completion tokens / wall time of the level), p50 / p95 of
 both latencies.
 
-Methods (each server is a `redwood serve` subprocess on 127.0.0.1, started once per method):
-- batched-spec:   --max-batch 16, trees planned per batch (speculation where it pays);
+Methods (each server a subprocess on 127.0.0.1, started once per method, asked through the
+same client):
+- batched-spec:   `redwood serve --max-batch 16`, trees planned per batch (speculation where
+  it pays);
 - batched-plain:  --max-batch 16 --method autoregressive (continuous batching, no draft);
 - one-at-a-time:  --max-batch 1 (the single-request engine; --tree auto on the shipped pair);
+- llama-server:   llama.cpp's own server on the same target GGUF (`make llama-server`, or
+  --llama-server PATH), plain, with as many slots as the largest client count (`-np`, each
+  slot 1,024 cells of a shared `-c`) so it batches concurrent requests as redwood does;
+- llama-server-spec: the same with `--spec-default` (its n-gram speculation);
 - llama-cpp-python: its high-level `Llama` holds ONE sequence and batches nothing (its own
   server serialises requests behind a lock), so it is measured as that: one Llama over the
   target GGUF, same threads, requests served one at a time in this process (no HTTP: this
@@ -40,9 +46,7 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,10 +55,14 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "127.0.0.1"                     # loopback only, never anything else
-METHODS = ("batched-spec", "batched-plain", "one-at-a-time", "llama-cpp-python")
+METHODS = ("batched-spec", "batched-plain", "one-at-a-time", "llama-server", "llama-server-spec",
+           "llama-cpp-python")
 SERVER_FLAGS = {"batched-spec": ["--max-batch", "16"],
                 "batched-plain": ["--max-batch", "16", "--method", "autoregressive"],
                 "one-at-a-time": ["--max-batch", "1"]}
+LLAMA_SERVER_METHODS = {"llama-server": "llama-server",                 # server_specs names
+                        "llama-server-spec": "llama-server-spec-default"}
+SLOT_CELLS = 1024                      # llama-server: KV cells per slot
 
 
 def parse_args(argv=None):
@@ -67,7 +75,11 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=None,
                    help="sequential requests per client (default 3; --quick: 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="default 64; --quick: 16")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=None, choices=METHODS,
+                   help="default: all, the llama-server ones where a binary is found")
+    p.add_argument("--llama-server", default=None,
+                   help="llama-server binary (default: $REDWOOD_LLAMA_SERVER, else what "
+                        "`make llama-server` built)")
     p.add_argument("--startup-timeout", type=float, default=900.0,
                    help="seconds a server may take to load (first use measures a profile)")
     p.add_argument("--request-timeout", type=float, default=600.0)
@@ -112,51 +124,25 @@ def prompts(args) -> list[str]:
 
 # -- servers ------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def start_server(method: str, flags: list[str], target: str, args, log_path: Path):
+    """The method's server, started and answering /health (bench.server_process)."""
+    from redwood.bench.server_process import ServerProcess, free_port
+    from redwood.bench.server_specs import METHODS as SPECS
+    from redwood.bench.server_specs import ServerSetup, command
 
+    port = free_port()
+    if method in LLAMA_SERVER_METHODS:
+        from redwood.backends.llamacpp import free_cores
 
-class Server:
-    """`redwood serve` in a subprocess on 127.0.0.1; stopped (terminate, then kill) on exit."""
-
-    def __init__(self, flags: list[str], args, log_path: Path):
-        self.port = free_port()
-        command = [sys.executable, "-m", "redwood.cli", "serve", "--host", HOST,
-                   "--port", str(self.port), "--max-queue", "64",
-                   "--max-tokens", str(args.max_tokens)] + flags
-        self.log = open(log_path, "w")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://{HOST}:{self.port}"
-        self._wait(args.startup_timeout)
-
-    def _wait(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}; "
-                                   f"see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"server not up after {timeout:.0f} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
-        self.log.close()
+        slots = max(args.concurrency)
+        setup = ServerSetup(target, "", free_cores(), SLOT_CELLS * slots, args.llama_server,
+                            slots=slots)
+        argv = command(SPECS[LLAMA_SERVER_METHODS[method]], setup, port)
+    else:
+        argv = [sys.executable, "-m", "redwood.cli", "serve", "--host", HOST, "--port", str(port),
+                "--max-queue", "64", "--max-tokens", str(args.max_tokens)] + flags
+    return ServerProcess(method, argv, port, log_path, args.startup_timeout).start(
+        lambda note: print(note, flush=True))
 
 
 _local = threading.local()
@@ -173,7 +159,7 @@ def http_request(url: str, prompt: str, args) -> dict:
                                                max_retries=0, timeout=args.request_timeout)
         _local.url = url
     start = time.perf_counter()
-    times, tokens = [], 0
+    times, tokens = [], None
     stream = client.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens,
                                        temperature=0, stream=True,
                                        stream_options={"include_usage": True})
@@ -182,8 +168,10 @@ def http_request(url: str, prompt: str, args) -> dict:
             times.append(time.perf_counter())
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
+    # a server that sends no usage chunk streams one token per chunk (llama-server does)
     return {"start": start, "first": times[0] if times else None,
-            "last": times[-1] if times else None, "tokens": tokens}
+            "last": times[-1] if times else None,
+            "tokens": tokens if tokens is not None else len(times)}
 
 
 class SerialLlama:
@@ -266,14 +254,12 @@ def run_method(method: str, flags: list[str], target: str, texts: list[str], arg
     if method == "llama-cpp-python":
         serial = SerialLlama(target)
         return run_levels(method, lambda text: serial.request(text, args), texts, args)
-    extra = list(SERVER_FLAGS[method])
+    extra = list(SERVER_FLAGS.get(method, []))
     if method == "one-at-a-time" and "--model" in flags:
         extra += ["--tree", "auto"]            # the shipped pair's tuned bundle
-    server = Server(flags + extra, args, RESULTS / f"{stem}-{method}.log")
-    try:
+    with start_server(method, flags + extra, target, args, RESULTS / f"{stem}-{method}.log") \
+            as server:
         return run_levels(method, lambda text: http_request(server.url, text, args), texts, args)
-    finally:
-        server.stop()
 
 
 def run_levels(method: str, send, texts: list[str], args) -> list[dict]:
@@ -285,6 +271,23 @@ def run_levels(method: str, send, texts: list[str], args) -> list[dict]:
         offset += clients * args.requests
         print(format_row(rows[-1]), flush=True)
     return rows
+
+
+def check_methods(args) -> list[str]:
+    """The methods to run: as asked (llama-server ones need the binary), else every method,
+    the llama-server ones only where a binary is found (said so)."""
+    from redwood.bench.server_run import find_llama_server
+
+    args.llama_server = find_llama_server(args.llama_server)
+    if args.methods:
+        if args.llama_server is None and set(args.methods) & set(LLAMA_SERVER_METHODS):
+            raise SystemExit("llama-server methods need the binary: run `make llama-server` "
+                             "or pass --llama-server PATH")
+        return list(args.methods)
+    if args.llama_server is None:
+        print("no llama-server binary (`make llama-server`): its methods are skipped", flush=True)
+        return [m for m in METHODS if m not in LLAMA_SERVER_METHODS]
+    return list(METHODS)
 
 
 def prompts_note(available: int, needed: int) -> dict:
@@ -331,6 +334,7 @@ def main(argv=None) -> int:
     args.max_tokens = args.max_tokens or (16 if quick else 64)
     if min(args.concurrency) < 1 or args.requests < 1 or args.max_tokens < 1:
         raise SystemExit("--concurrency, --requests and --max-tokens must be positive")
+    args.methods = check_methods(args)
     RESULTS.mkdir(exist_ok=True)
     stem = args.out or f"load-test-{'tiny' if args.quick else 'cpu'}-{datetime.date.today()}"
     flags, target, _ = model_args(args)
@@ -349,7 +353,9 @@ def main(argv=None) -> int:
             "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "load_average_after": os.getloadavg()[0], "versions": versions(),
             "prompts": prompt_note,
-            "llama_cpp_python": "no request batching in its high-level API: measured serially"}
+            "llama_cpp_python": "no request batching in its high-level API: measured serially",
+            "llama_server": {"binary": args.llama_server, "slots": max(args.concurrency),
+                             "cells_per_slot": SLOT_CELLS}}
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (RESULTS / f"{stem}.md").write_text(
         f"Load test ({', '.join(args.methods)}), {args.requests} requests per client, "

@@ -10,7 +10,7 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import CONTEXT_BUCKET, AcceptanceModel, NgramDrafter
+from redwood.decode.ngram_drafter import CONTEXT_BUCKET, MATCH_BUCKETS, AcceptanceModel, NgramDrafter
 from redwood.errors import RedwoodError
 from redwood.measure import machine_profile as mp
 from redwood.plan.formats import Profile, interpolate_by_context, sample_profile_path
@@ -180,7 +180,7 @@ def proposed(drafter, text) -> int:
 
 
 def drafter(by_context, **options) -> NgramDrafter:
-    model = AcceptanceModel(prior_rank1=(0.9,) * 4, prior_later=0.5)
+    model = AcceptanceModel(prior_rank1=(0.9,) * MATCH_BUCKETS, prior_later=0.5)
     return NgramDrafter(target_ms=SHORT, target_ms_by_context=by_context, model=model, **options)
 
 

@@ -172,3 +172,68 @@ def test_live_costs_can_be_turned_off(tiny):
     result = engine.generate(torch.tensor([5, 6, 7, 8]), 60, stop_on_eos=False)
     assert result.stats.plain_steps == 0         # the profile alone says drafting pays
     assert "step_cost_ratios" not in result.stats.governor
+
+
+def test_follow_rebases_on_the_profile_at_the_requests_context():
+    tables = {0: PROFILE_MS, 64: {n: 2.0 * ms for n, ms in PROFILE_MS.items()}}
+    asked = []
+
+    def table_at(context):
+        asked.append(context)
+        return tables[min(context, 64)]
+
+    costs = LiveCosts(PROFILE_MS, table_at=table_at, context=10)
+    for _ in range(10):
+        costs.record_target(4, 0.160)                     # 2x the 80 ms at the prompt's context
+    costs.follow(63)                                      # same bucket: nothing re-read
+    assert asked == [] and costs.target_ms(4) == pytest.approx(160.0, rel=0.01)
+    costs.follow(64)                                      # the context doubled every t(n)
+    assert asked == [64] and costs.predicted_ms(4) == 160.0
+    for _ in range(30):
+        costs.record_target(4, 0.160)                     # as the longer context predicts
+    assert costs.ratio(4) == pytest.approx(1.0, rel=0.02)   # not counted twice
+    costs.follow(100)
+    assert asked == [64]
+    with pytest.raises(ValueError):
+        costs.rebase({1: 1.0, 2: 2.0})                    # other sizes
+    LiveCosts(PROFILE_MS).follow(10_000)                  # no table_at: nothing to follow
+
+
+class RecordingBackend:
+    """Counts the tree sizes the engine verifies (every other call goes to the backend)."""
+
+    def __init__(self, inner):
+        self._inner, self.tree_sizes = inner, []
+
+    def __getattr__(self, name):
+        if name == "prefill_tree":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def run_tree(self, tree, nodes, tokens, root_position, rows=None):
+        self.tree_sizes.append(len(tree))
+        return self._inner.run_tree(tree, nodes, tokens, root_position, rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6])
+def test_a_self_sizing_ngram_drafter_is_not_governed(tiny, temperature):
+    """An n-gram drafter with a cost model picks every step's size itself: the governor never
+    makes a step plain (its history would stall drafting after one miss in a copy), a step
+    that drafts nothing runs as a plain step (no 1-node tree forward), and greedy output is
+    the target's own."""
+    profile = Profile(target_ms=PROFILE_MS, draft_ms={1: 1e-3})
+    target = RecordingBackend(HFBackend(tiny))
+    drafter = NgramDrafter(target_ms=PROFILE_MS, max_length=8)
+    assert drafter.sizes_itself and not NgramDrafter().sizes_itself
+    engine = Engine(target, None, chain(8), profile=profile, drafter=drafter)
+    prompt = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])
+    result = engine.generate(prompt, 40, temperature=temperature, seed=3, stop_on_eos=False)
+    assert result.stats.governor["plain_steps"] == 0           # never asked to go plain
+    assert 1 not in target.tree_sizes                          # no 1-node tree forwards
+    drafted = len(target.tree_sizes)
+    assert result.stats.plain_steps + drafted == result.stats.target_forwards
+    assert result.stats.plain_steps > 0 and drafted > 0
+    if temperature == 0:
+        reference = Engine(HFBackend(tiny), HFBackend(tiny)).generate(
+            prompt, 40, method="autoregressive", stop_on_eos=False)
+        assert result.tokens == reference.tokens

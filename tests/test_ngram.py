@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.engine import Engine
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import AcceptanceModel, NgramDrafter
+from redwood.decode.ngram_drafter import MATCH_BUCKETS, AcceptanceModel, NgramDrafter
 from redwood.decode.ngram_index import Continuation, NgramIndex, build_trie
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
@@ -31,8 +31,19 @@ def layout(tree: Tree) -> TreeLayout:
 
 # -- (a) the incremental index equals a brute-force scan ----------------------------------
 
-def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, max_length):
-    """The definition of NgramIndex.candidates, by scanning the whole stream."""
+def longest_common_suffix(a, b, limit):
+    """The number of equal tokens at the ends of lists a and b, at most limit."""
+    m = 0
+    while m < min(len(a), len(b), limit) and a[len(a) - 1 - m] == b[len(b) - 1 - m]:
+        m += 1
+    return m
+
+
+def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, max_length,
+                     max_match=32):
+    """The definition of NgramIndex.candidates, by scanning the whole stream: occurrences
+    chosen by n-gram (max_n down to min_n, the most recent first), each one's match the
+    common suffix of the text before it and the text, capped at max_match."""
     last = len(tokens) - 1
     taken: dict[int, int] = {}                       # end position -> match length
     for n in range(max_n, min_n - 1, -1):
@@ -41,7 +52,7 @@ def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, m
         suffix = tokens[len(tokens) - n:]
         ends = [e for e in range(n - 1, last) if tokens[e - n + 1:e + 1] == suffix]
         for e in ends[-max_occurrences:]:
-            taken.setdefault(e, n)
+            taken.setdefault(e, longest_common_suffix(tokens[:e + 1], tokens, max_match))
     groups: dict[tuple, list[int]] = {}
     for e, m in taken.items():
         follow = tuple(tokens[e + 1:e + 1 + max_length])
@@ -54,15 +65,27 @@ def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, m
 @settings(max_examples=150, deadline=None)
 @given(tokens=st.lists(st.integers(0, 3), max_size=40), min_n=st.integers(1, 3),
        extra=st.integers(0, 3), occurrences=st.integers(1, 5),
-       continuations=st.integers(1, 6), length=st.integers(1, 6))
+       continuations=st.integers(1, 6), length=st.integers(1, 6), longer=st.integers(0, 12))
 def test_incremental_index_equals_brute_force(tokens, min_n, extra, occurrences, continuations,
-                                              length):
-    index = NgramIndex(min_n, min_n + extra, occurrences)
+                                              length, longer):
+    max_n = min_n + extra
+    index = NgramIndex(min_n, max_n, occurrences, max_match=max_n + longer)
     for i, token in enumerate(tokens):
         index.append(token)
-        expected = brute_candidates(tokens[:i + 1], min_n, min_n + extra, occurrences,
-                                    continuations, length)
+        expected = brute_candidates(tokens[:i + 1], min_n, max_n, occurrences,
+                                    continuations, length, max_n + longer)
         assert index.candidates(continuations, length) == expected
+
+
+def test_match_lengths_extend_past_the_indexed_ngrams():
+    """A 20-token repeat is a 20-token match although only 6-grams are indexed."""
+    text = list(range(10, 30)) + [7] + list(range(10, 30))
+    index = NgramIndex(1, 6, 8)
+    index.extend(text)
+    best = index.candidates(4, 4)[0]
+    assert best.match == 20 and best.tokens == (7, 10, 11, 12)
+    with pytest.raises(ValueError, match="max_match"):
+        NgramIndex(1, 6, 8, max_match=5)
 
 
 def test_trie_merges_shared_prefixes_in_rank_order():
@@ -130,7 +153,7 @@ STEEP = {1: 10.0, 2: 15.0, 3: 19.0, 4: 22.0, 6: 28.0, 8: 33.0, 12: 45.0}
 
 def drafter_with(first: float, target_ms=STEEP, **options) -> NgramDrafter:
     """Every node's prior conditional acceptance is `first` (rank 1) / first/2 (later)."""
-    model = AcceptanceModel(prior_rank1=(first,) * 4, prior_later=0.5)
+    model = AcceptanceModel(prior_rank1=(first,) * MATCH_BUCKETS, prior_later=0.5)
     return NgramDrafter(target_ms=target_ms, model=model, **options)
 
 

@@ -66,6 +66,18 @@ def test_calibration_on_a_model_and_round_trip(tmp_path):
         NgramCalibration.load(tmp_path / "bad.json")
 
 
+def test_format_1_files_load_with_their_4_plus_bucket_as_every_longer_buckets_prior(tmp_path):
+    """Format 1 bucketed matches 1, 2, 3, 4+; format 2 splits 4+ into 4-7, 8-15, 16-31, 32+."""
+    (tmp_path / "old.json").write_text(json.dumps({
+        "kind": "ngram_acceptance", "format": 1, "temperatures": [0.0],
+        "counts": [[[True, 0, 1, False], [3, 10]], [[True, 3, 5, False], [90, 100]]]}))
+    counts = NgramCalibration.load(tmp_path / "old.json").counts
+    assert counts[(True, 0, 1, False)] == [3.0, 10.0]
+    assert {k for k in counts if k[1] >= 3} == {(True, b, 5, False) for b in range(3, 7)}
+    assert all(counts[(True, b, 5, False)] == [90.0, 100.0] for b in range(3, 7))
+    assert NgramCalibration(counts).to_dict()["format"] == 2          # saved as format 2
+
+
 def test_cli_calibrate_ngram_quick(tmp_path, capsys):
     out = tmp_path / "ngram.json"
     assert main(["calibrate", "--quick", "--drafter", "ngram", "--temperature", "0",

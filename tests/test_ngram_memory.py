@@ -20,6 +20,7 @@ from redwood.decode.ngram_index import Continuation
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
+from test_ngram import longest_common_suffix
 from tiny import tiny_model
 from tiny_gguf import tiny_gguf_pair  # noqa: F401  (session fixture)
 
@@ -34,10 +35,11 @@ def layout(tree: Tree) -> TreeLayout:
 # -- (a) lookups equal a brute-force scan, across adds and evictions --------------------------
 
 def brute_memory_candidates(streams, suffix, min_n, max_n, max_occurrences, max_continuations,
-                            max_length):
+                            max_length, max_match=32):
     """The definition, by scanning every stored stream: for n = max_n..min_n the most recent
     max_occurrences occurrences (stream order, then position) of the suffix's last n tokens
-    that have a next token in their stream, skipping those taken at a longer n; grouped by
+    that have a next token in their stream, skipping those taken at a longer n, each one's match
+    the common suffix of the suffix and its stream up to it (capped at max_match); grouped by
     what followed. Returns [(tokens, match, count, recency)] best first."""
     taken: dict[tuple[int, int], int] = {}           # (stream, end) -> match length
     for n in range(max_n, min_n - 1, -1):
@@ -46,8 +48,9 @@ def brute_memory_candidates(streams, suffix, min_n, max_n, max_occurrences, max_
         gram = list(suffix[len(suffix) - n:])
         ends = [(i, e) for i, stream in enumerate(streams)
                 for e in range(n - 1, len(stream) - 1) if stream[e - n + 1:e + 1] == gram]
-        for occurrence in ends[-max_occurrences:]:
-            taken.setdefault(occurrence, n)
+        for i, e in ends[-max_occurrences:]:
+            taken.setdefault((i, e), longest_common_suffix(streams[i][:e + 1], list(suffix),
+                                                           max_match))
     groups: dict[tuple, list] = {}
     for (i, e), m in taken.items():
         follow = tuple(streams[i][e + 1:e + 1 + max_length])
@@ -71,7 +74,8 @@ def fifo(stored: list[list[int]], stream: list[int], max_tokens: int) -> list[li
 def assert_matches_brute_force(memory, stored, suffix, continuations, length):
     got = memory.candidates(suffix, continuations, length)
     expected = brute_memory_candidates(stored, suffix, memory.min_n, memory.max_n,
-                                       memory.max_occurrences, continuations, length)
+                                       memory.max_occurrences, continuations, length,
+                                       memory.max_match)
     assert [(c.tokens, c.match, c.count) for c in got] == [e[:3] for e in expected]
     assert all(c.last < 0 for c in got)               # older than any in-request occurrence
     for a in range(len(got)):                         # `last` orders as the brute recency
@@ -88,19 +92,20 @@ def assert_bookkeeping(memory: NgramMemory):
 
 @settings(max_examples=120, deadline=None)
 @given(streams=st.lists(st.lists(st.integers(0, 3), max_size=14), min_size=1, max_size=8),
-       suffixes=st.lists(st.lists(st.integers(0, 3), max_size=7), min_size=1, max_size=5),
+       suffixes=st.lists(st.lists(st.integers(0, 3), max_size=12), min_size=1, max_size=5),
        max_tokens=st.integers(4, 40), min_n=st.integers(1, 3), extra=st.integers(0, 3),
        occurrences=st.integers(1, 5), continuations=st.integers(1, 6), length=st.integers(1, 6))
 def test_memory_candidates_equal_brute_force(streams, suffixes, max_tokens, min_n, extra,
                                              occurrences, continuations, length):
-    memory = NgramMemory(max_tokens, min_n, min_n + extra, occurrences)
+    memory = NgramMemory(max_tokens, min_n, min_n + extra, occurrences,
+                         max_match=min_n + extra + len(suffixes))
     stored: list[list[int]] = []
     for stream in streams:
         memory.add(stream)
         stored = fifo(stored, stream, max_tokens)
         assert memory.streams() == stored
         assert_bookkeeping(memory)
-        for suffix in suffixes + [stream[-4:]]:
+        for suffix in suffixes + [stream[-4:], stream[-12:]]:
             assert_matches_brute_force(memory, stored, suffix, continuations, length)
 
 
@@ -116,7 +121,7 @@ def test_memory_candidates_equal_brute_force_random_soak():
         assert memory.streams() == stored
         assert_bookkeeping(memory)
         for _ in range(5):
-            suffix = [rng.randrange(5) for _ in range(rng.randrange(1, 7))]
+            suffix = [rng.randrange(5) for _ in range(rng.randrange(1, 40))]
             assert_matches_brute_force(memory, stored, suffix, rng.randrange(1, 9),
                                        rng.randrange(1, 9))
 

@@ -5,7 +5,8 @@ llama.cpp's own `llama-server` (built from the sources the pinned llama-cpp-pyth
 docs/speculative.md names them (chains only; the server drafts no trees). redwood's server
 runs its default (batched) and its one-request-at-a-time drafters. Every server gets the same
 GGUF files, the same thread count for one-token and batched decodes, the same context size and
-one slot, and listens on 127.0.0.1 only.
+one slot (a load test gives llama-server more: `ServerSetup.slots`), and listens on 127.0.0.1
+only.
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class ServerSetup:
     n_ctx: int = 4096
     llama_server: str | None = None   # the llama-server binary
     redwood_model_args: tuple[str, ...] = ()   # () = the shipped pair (and its bundles)
+    slots: int = 1                    # llama-server -np (n_ctx is shared by the slots)
 
 
 def command(method: ServerMethod, setup: ServerSetup, port: int) -> list[str]:
@@ -81,7 +83,7 @@ def command(method: ServerMethod, setup: ServerSetup, port: int) -> list[str]:
             raise RedwoodError("no llama-server binary: run `make llama-server` (builds it from "
                                "the pinned llama-cpp-python's sources) or pass --llama-server PATH")
         argv = [setup.llama_server, "-m", setup.target, "-t", str(setup.threads),
-                "-tb", str(setup.threads), "-c", str(setup.n_ctx), "-np", "1",
+                "-tb", str(setup.threads), "-c", str(setup.n_ctx), "-np", str(setup.slots),
                 "--host", "127.0.0.1", "--port", str(port)]
         if method.needs_draft:
             argv += ["-md", setup.draft, "-td", str(setup.threads), "-tbd", str(setup.threads)]

@@ -25,13 +25,15 @@ def ngram_prompts(pair, source: str, count: int | None, quick: bool):
 
 def summary_lines(calibration) -> list[str]:
     """Measured rank-1 acceptance by match length (depth 1), greedy and sampled."""
+    from redwood.decode.ngram_drafter import MATCH_LABELS
+
     lines = []
     for greedy in (True, False):
         cells = []
-        for match in range(4):
+        for match, label in enumerate(MATCH_LABELS):
             accepted, trials = calibration.counts.get((greedy, match, 0, False), (0.0, 0.0))
             rate = f"{accepted / trials:.2f}" if trials else "–"
-            cells.append(f"match {match + 1}{'+' if match == 3 else ''}: {rate} ({trials:.0f})")
+            cells.append(f"match {label}: {rate} ({trials:.0f})")
         lines.append(f"{'greedy ' if greedy else 'sampled'} rank-1 acceptance at depth 1 — "
                      + ", ".join(cells))
     return lines

@@ -104,18 +104,13 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     return engine, loaded.tokenizer
 
 
-# Longest n-gram chain: long copies pay only past the steep part of llama.cpp's cost curve on a
-# CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on the 2-core EPYC); an 8-token cap stopped short of
-# it. The drafter still sizes each step by E(n) / t(n).
-COPY_DEPTH = 32
-
 
 def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
     model on this machine's t(n) (measured once, cached; read at the request's context where
     the profile timed several, as on llama.cpp) and governed like any other; its acceptance
     priors from the bundle's n-gram calibration when it has one."""
-    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+    from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
     from redwood.measure.ngram_calibration import acceptance_model
 

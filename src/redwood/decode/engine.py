@@ -186,6 +186,10 @@ class Engine:
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
         governor = self._governor(drafter, len(prompt))
+        costs = getattr(governor, "costs", None)
+        # a drafter that sizes every step on the live costs (n = 1: a plain step) is not
+        # second-guessed by the governor's history (decode/governor.py)
+        governed = governor is not None and not getattr(drafter, "sizes_itself", False)
 
         root, tokens, accepted, finish = int(prompt[-1]), [], [], None
         state.target, state.drafter, state.prompt = target, drafter, prompt
@@ -196,13 +200,15 @@ class Engine:
                 raise RedwoodError("another generation started on this engine; a backend holds "
                                    "one sequence at a time (use one engine per concurrent stream)")
             step_start, forward_seconds = self._clock(), stats.target_seconds + stats.draft_seconds
+            if costs is not None:
+                costs.follow(len(prompt) + len(tokens))
             if first_logits is not None:         # the prefill's last row: no forward
                 new_tokens, first_logits = [self._sample_one(first_logits[0], params, generator)], None
             elif drafter is None:
                 new_tokens = self._autoregressive_step(root, params, generator, stats)
-            elif governor is not None and not governor.speculate():
+            elif governed and not governor.speculate():
                 new_tokens = self._autoregressive_step(root, params, generator, stats, unrun,
-                                                       getattr(governor, "costs", None))
+                                                       costs)
                 drafter.skip(root)
                 stats.plain_steps += 1
             else:
@@ -261,7 +267,9 @@ class Engine:
             return None
         table = self.profile.target_ms_at(context)
         plain_ms = table[min(table)]
-        costs = LiveCosts(table) if self.live_costs else None
+        by_context = self.profile.target_ms_at if self.profile.target_ms_by_context else None
+        costs = LiveCosts(table, table_at=by_context, context=context) \
+            if self.live_costs else None
         self.last_costs = costs
         _set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
@@ -303,13 +311,18 @@ class Engine:
         stats.draft_seconds += proposal.draft_seconds
         stats.draft_forwards += proposal.draft_forwards
         stats.tree_nodes += len(tree) - 1
+        costs = getattr(governor, "costs", None)
+        if len(tree) == 1 and unrun is None:    # nothing drafted: the plain step's fast path
+            new_tokens = self._autoregressive_step(root, params, generator, stats, None, costs)
+            self.drafter.commit([0], proposal.tokens)
+            stats.plain_steps += 1
+            return new_tokens
 
         start = self._clock()
         target = self.target_backend
         logits = self._verify_forward(tree, proposal.tokens, unrun, stats)     # [n, V]
         verify_seconds = self._clock() - start
         stats.target_seconds += verify_seconds
-        costs = getattr(governor, "costs", None)
         if costs is not None:                    # what this request's forwards cost (live)
             if unrun is None:
                 costs.record_target(len(tree), verify_seconds)

@@ -53,15 +53,31 @@ from redwood.errors import RedwoodError
 from redwood.plan.formats import check_times_by_context, interpolate_by_context
 from redwood.plan.tree import Tree, bfs_renumber
 
-MATCH_BUCKETS = 4            # match lengths 1, 2, 3, 4+
+# Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text
+# is being repeated), a short one an accident, so the drafter tells them apart up to
+# ngram_index.MAX_MATCH.
+MATCH_BUCKETS = 7
+MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+")
 DEPTH_BUCKETS = 6            # depths 1..5, 6+
 # Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
 # coin flip, long ones usually repeat. Later siblings start at half (they are checked only
 # after the first was rejected).
-PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8)
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 CONTEXT_BUCKET = 64          # t(n) by context is re-read when the context enters a new bucket
+# Longest chain a copy may draft: long copies pay only past the steep part of llama.cpp's cost
+# curve on a CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on a 2-core EPYC); an 8-token cap
+# stopped short of it. Each step is still sized by E(n) / t(n).
+COPY_DEPTH = 32
+
+
+def match_bucket(match: int) -> int:
+    """0, 1, 2 for matches of 1, 2, 3 tokens; then 3 + log2(match / 4), capped: 4-7 -> 3,
+    8-15 -> 4, 16-31 -> 5, 32+ -> 6."""
+    if match < 4:
+        return max(0, match - 1)
+    return min(MATCH_BUCKETS - 1, 3 + (int(match) // 4).bit_length() - 1)
 
 
 class AcceptanceModel:
@@ -86,7 +102,7 @@ class AcceptanceModel:
 
     @staticmethod
     def key(greedy: bool, node: TrieNode) -> tuple:
-        return (bool(greedy), min(node.match, MATCH_BUCKETS) - 1,
+        return (bool(greedy), match_bucket(node.match),
                 min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
 
     def prior(self, key: tuple) -> float:
@@ -145,6 +161,12 @@ class NgramDrafter:
         self.memory, self.use_memory = memory, True
         self._finished, self._store_on_finish = True, False     # no request to store yet
         self.prefill(torch.empty(0, dtype=torch.long))
+
+    @property
+    def sizes_itself(self) -> bool:
+        """With a cost model every step's size is chosen on this machine's (live) costs, n = 1
+        being a plain step, so the engine lets it decide instead of a governor."""
+        return self.target_ms is not None or self.target_ms_by_context is not None
 
     # -- Drafter protocol ------------------------------------------------------------------
     def prefill(self, prompt_ids: torch.Tensor) -> None:
@@ -227,7 +249,7 @@ class NgramDrafter:
         ours = self.index.candidates(self.max_continuations, max_length)
         if self.memory is None or not self.use_memory:
             return ours
-        suffix = self.index.tokens[-self.memory.max_n:]
+        suffix = self.index.tokens[-self.memory.max_match:]
         theirs = self.memory.candidates(suffix, self.max_continuations, max_length)
         return merge_continuations(ours, theirs, self.max_continuations)
 
@@ -269,15 +291,17 @@ class NgramDrafter:
 
     def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
         """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n.
-        t(n) is the profile's, corrected by what the running request's forwards cost when the
-        engine gave live costs (plan/live_costs.py). Without target_ms every size costs 1."""
+        t(n) is the profile's at this context (step_target_ms); with live costs from the
+        engine (plan/live_costs.py, rebased on the profile at the request's context as it
+        grows) it is their corrected figure. Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
         profile_ms = self.step_target_ms()
         if profile_ms is None:
             sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
-        else:
-            sizes = profile_ms if self.costs is None else {
-                n: ms * self.costs.ratio(self.costs.size_key(n)) for n, ms in profile_ms.items()}
+        elif self.costs is None:
+            sizes = profile_ms
+        else:               # the engine keeps the live costs on the profile at this context
+            sizes = {n: self.costs.target_ms(n) for n in self.costs.sizes}
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
             expected += values[n - 2] if n > 1 else 0.0
             if n in sizes:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_MATCH = 32          # match lengths are told apart up to here (the drafter buckets 16-31, 32+)
+
 
 @dataclass(frozen=True)
 class Continuation:
     """What followed earlier occurrences of the current suffix.
 
     tokens: the continuation (as long as the text allows, up to max_length);
-    match: the longest suffix match among its occurrences (min_n..max_n);
+    match: the longest suffix match among its occurrences (how many tokens before it equal
+        the text's last ones; min_n..max_match: it may exceed max_n, the indexed n-grams);
     count: how many considered occurrences it followed;
     last: the end position of its most recent occurrence (larger = more recent)."""
     tokens: tuple[int, ...]
@@ -37,15 +40,23 @@ class NgramIndex:
     Which occurrences a lookup considers (the definition the brute-force test replays): for
     n = max_n down to min_n, take the `max_occurrences` most recent occurrences of the last n
     tokens that end before the last token; skip those already taken at a longer n. An
-    occurrence's match length is the n at which it was taken (its longest match, <= max_n).
+    occurrence's match length is how far the text before it agrees with the text's end: the
+    common suffix of the two, at least the n it was taken at, capped at max_match. Only
+    n-grams up to max_n are indexed; the match is extended by comparing tokens backwards
+    (at most max_match per occurrence), so a 30-token match, which predicts a long copy, is
+    told from a 6-token one.
     """
 
-    def __init__(self, min_n: int = 1, max_n: int = 6, max_occurrences: int = 32):
+    def __init__(self, min_n: int = 1, max_n: int = 6, max_occurrences: int = 32,
+                 max_match: int = MAX_MATCH):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if max_occurrences < 1:
             raise ValueError(f"max_occurrences must be >= 1, got {max_occurrences}")
+        if max_match < max_n:
+            raise ValueError(f"max_match must be >= max_n ({max_n}), got {max_match}")
         self.min_n, self.max_n, self.max_occurrences = min_n, max_n, max_occurrences
+        self.max_match = max_match
         self.tokens: list[int] = []
         self.positions: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)}
@@ -80,7 +91,8 @@ class NgramIndex:
             for end in reversed(recent):
                 if end not in taken:
                     taken.add(end)
-                    found.append((end, n))
+                    found.append((end, common_suffix(tokens, end, tokens, last, n,
+                                                     self.max_match)))
         return found
 
     def candidates(self, max_continuations: int, max_length: int) -> list[Continuation]:
@@ -90,6 +102,19 @@ class NgramIndex:
         if max_continuations < 1 or max_length < 1:
             return []
         return rank_continuations(self.tokens, self.occurrences(), max_continuations, max_length)
+
+
+def common_suffix(stream, end: int, text, last: int, known: int, limit: int) -> int:
+    """How many tokens ending at stream[end] equal those ending at text[last] (both lists),
+    given that the last `known` do; at most `limit`, never past either's start nor across a
+    None (a memory's stream separator)."""
+    m = known
+    while m < limit and end - m >= 0 and last - m >= 0:
+        token = stream[end - m]
+        if token is None or token != text[last - m]:
+            break
+        m += 1
+    return m
 
 
 def rank_continuations(tokens, occurrences, max_continuations: int,

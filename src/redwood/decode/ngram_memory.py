@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 
-from redwood.decode.ngram_index import Continuation
+from redwood.decode.ngram_index import MAX_MATCH, Continuation, common_suffix
 from redwood.errors import RedwoodError
 
 SEPARATOR = None             # between streams in the flat buffer: continuations stop there
@@ -46,7 +46,7 @@ class NgramMemory:
     """
 
     def __init__(self, max_tokens: int = 65536, min_n: int = 1, max_n: int = 6,
-                 max_occurrences: int = 32):
+                 max_occurrences: int = 32, max_match: int = MAX_MATCH):
         if max_tokens < 1:
             raise RedwoodError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 1 <= min_n <= max_n:
@@ -54,7 +54,9 @@ class NgramMemory:
         if max_occurrences < 1:
             raise RedwoodError(f"max_occurrences must be >= 1, got {max_occurrences}")
         self.max_tokens, self.min_n, self.max_n = int(max_tokens), min_n, max_n
-        self.max_occurrences = max_occurrences
+        if max_match < max_n:
+            raise RedwoodError(f"max_match must be >= max_n ({max_n}), got {max_match}")
+        self.max_occurrences, self.max_match = max_occurrences, int(max_match)
         self.positions: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)}
         self.buffer: list[int | None] = []       # streams, each followed by SEPARATOR
@@ -126,16 +128,21 @@ class NgramMemory:
         """(global end position, match length) of the considered occurrences of `suffix`'s
         tail: for n = max_n down to min_n, the max_occurrences most recent occurrences of its
         last n tokens, skipping those taken at a longer n (NgramIndex's definition; the
-        current text is not in the memory, so no occurrence is the suffix itself)."""
-        suffix = [int(t) for t in suffix][-self.max_n:]
+        current text is not in the memory, so no occurrence is the suffix itself). The match
+        is the common suffix of `suffix` and the stream up to the occurrence (within its
+        stream), capped at max_match: pass the text's last max_match tokens to tell long
+        matches apart."""
+        suffix = [int(t) for t in suffix][-self.max_match:]
         taken: set[int] = set()
-        found = []
+        found, last = [], len(suffix) - 1
         for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
             ends = self.positions[n].get(tuple(suffix[len(suffix) - n:]), [])
             for end in reversed(ends[-self.max_occurrences:]):
                 if end not in taken:
                     taken.add(end)
-                    found.append((end, n))
+                    match = common_suffix(self.buffer, end - self.offset, suffix, last, n,
+                                          self.max_match)
+                    found.append((end, match))
         return found
 
     def follow(self, end: int, max_length: int) -> tuple[int, ...]:

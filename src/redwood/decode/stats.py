@@ -13,7 +13,8 @@ class StepStats:
     target_forwards: int = 0          # decoding target forwards (prefill excluded)
     draft_forwards: int = 0
     tree_nodes: int = 0               # draft tokens verified (tree nodes below the root), summed
-    plain_steps: int = 0              # steps the governor ran without drafting (speculation lost)
+    plain_steps: int = 0              # steps run without drafting: the governor's (speculation
+                                      # lost) and steps whose drafter proposed nothing
     # the target's prompt prefill ran in the first step's forward (its verify, or a governed
     # plain step's; docs/design.md §5.4): its time is then in target_seconds, and
     # prefill_seconds holds the draft's prefill alone

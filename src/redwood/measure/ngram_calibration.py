@@ -22,10 +22,15 @@ from pathlib import Path
 
 import torch
 
-from redwood.decode.ngram_drafter import AcceptanceModel, NgramDrafter, ngram_budget_tree, tree_limits
+from redwood.decode.ngram_drafter import (COPY_DEPTH, MATCH_BUCKETS, AcceptanceModel, NgramDrafter,
+                                          ngram_budget_tree, tree_limits)
 from redwood.errors import RedwoodError
 
-FORMAT = 1
+FORMAT = 2
+# Format 1 bucketed match lengths 1, 2, 3, 4+; format 2 splits 4+ into 4-7, 8-15, 16-31, 32+
+# (decode/ngram_drafter.match_bucket). A format-1 file still loads: its 4+ counts become the
+# prior of each of the four longer buckets.
+_FORMAT1_LONG = 3
 
 
 @dataclass
@@ -47,15 +52,19 @@ class NgramCalibration:
         where = str(path)
         try:
             data = json.loads(Path(path).read_text())
-            if data.get("kind") != "ngram_acceptance" or data.get("format") != FORMAT:
-                raise ValueError("not an n-gram acceptance file of format 1")
+            if data.get("kind") != "ngram_acceptance" or data.get("format") not in (1, FORMAT):
+                raise ValueError(f"not an n-gram acceptance file of format 1 or {FORMAT}")
             counts = {}
             for key, (accepted, trials) in data["counts"]:
                 greedy, match, depth, later = key
                 if not 0 <= float(accepted) <= float(trials):
                     raise ValueError(f"accepted {accepted} outside [0, trials {trials}]")
-                counts[(bool(greedy), int(match), int(depth), bool(later))] = \
-                    [float(accepted), float(trials)]
+                matches = [int(match)]
+                if data["format"] == 1 and int(match) == _FORMAT1_LONG:
+                    matches = list(range(_FORMAT1_LONG, MATCH_BUCKETS))
+                for bucket in matches:
+                    counts[(bool(greedy), bucket, int(depth), bool(later))] = \
+                        [float(accepted), float(trials)]
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise RedwoodError(f"{where}: cannot read n-gram acceptance ({exc}); run `redwood "
                                "calibrate --drafter ngram` again") from None
@@ -80,8 +89,8 @@ def replay(prompt: list[int], emitted: list[int], greedy: bool,
            drafter: NgramDrafter | None = None) -> AcceptanceModel:
     """Observe the n-gram trie of every step along `emitted` (what the target decoded after
     `prompt`), as speculative steps proposing the whole trie would; returns the model."""
-    drafter = drafter or NgramDrafter(target_ms=None)
-    limits = tree_limits(ngram_budget_tree())
+    drafter = drafter or NgramDrafter(target_ms=None, max_length=COPY_DEPTH)
+    limits = tree_limits(ngram_budget_tree(depth=COPY_DEPTH))
     text = list(prompt) + list(emitted)
     drafter.prefill(torch.tensor(text[:len(prompt) - 1], dtype=torch.long))
     i = len(prompt) - 1                                  # index of the step's root
@@ -128,7 +137,7 @@ def calibrate_ngram(target, prompts: list[torch.Tensor], temperature: float,
         result = engine.generate(ids, max_new_tokens, temperature=temperature, seed=seed + i,
                                  method="autoregressive", stop_on_eos=True)
         replay(ids.tolist(), result.tokens, temperature == 0,
-               NgramDrafter(target_ms=None, model=model))
+               NgramDrafter(target_ms=None, model=model, max_length=COPY_DEPTH))
         tokens += len(result.tokens)
         if progress:
             print(f"\rredwood: n-gram calibration T = {temperature:g}: prompt {i + 1}/"

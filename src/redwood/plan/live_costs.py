@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 DRAFT = "draft"
+CONTEXT_BUCKET = 64        # follow() re-reads the profile when the context enters a new bucket
 
 
 def measured_size(sizes: list[int], n: int) -> int:
@@ -58,7 +59,7 @@ class LiveCosts:
 
     def __init__(self, target_ms: dict[int, float], decay: float = 0.8,
                  prior_weight: float = 2.0, plain_prior_weight: float = 0.5,
-                 low: float = 0.33, high: float = 4.0):
+                 low: float = 0.33, high: float = 4.0, table_at=None, context: int = 0):
         if not (0.0 <= decay < 1.0 and prior_weight > 0.0 and plain_prior_weight > 0.0
                 and 0.0 < low <= 1.0 <= high):
             raise ValueError("LiveCosts: need 0 <= decay < 1, prior_weight > 0, "
@@ -75,6 +76,26 @@ class LiveCosts:
         self._sum: dict = {}           # key -> decayed sum of log ratios
         self._weight: dict = {}        # key -> decayed sample count
         self.samples: dict = {}        # key -> samples recorded (undecayed, for reports)
+        # table_at(context) -> {n: ms}: the profile at a context (Profile.target_ms_at), so
+        # follow() keeps the predictions at the request's context as it grows
+        self._table_at, self._bucket = table_at, int(context) // CONTEXT_BUCKET
+
+    def follow(self, context: int) -> None:
+        """The request's context is now `context` cells: rebase on the profile there when it
+        entered another CONTEXT_BUCKET (a dict lookup otherwise; nothing without table_at)."""
+        bucket = int(context) // CONTEXT_BUCKET
+        if self._table_at is not None and bucket != self._bucket:
+            self._bucket = bucket
+            self.rebase(self._table_at(bucket * CONTEXT_BUCKET))
+
+    def rebase(self, target_ms: dict[int, float]) -> None:
+        """Predict from another table of the same sizes from now on (the profile at the
+        request's current context, as it grows): the learnt ratios then correct what the
+        context does not explain, and the context is not counted twice."""
+        times = {int(n): float(ms) for n, ms in dict(target_ms).items()}
+        if sorted(times) != self.sizes or any(not ms > 0 for ms in times.values()):
+            raise ValueError("LiveCosts.rebase: need positive times for the same sizes")
+        self.profile_ms = times
 
     # -- what the profile says, and the corrected figure ------------------------------------
     def size_key(self, n: int) -> int:

@@ -42,6 +42,8 @@ def test_redwood_command_lines():
     assert argv[:4] == [sys.executable, "-m", "redwood.cli", "serve"]
     assert argv[argv.index("--drafter") + 1] == "ngram" and argv[argv.index("--max-batch") + 1] == "1"
     assert "--max-batch" not in command(METHODS["redwood"], SETUP, 9000)
+    alone = command(METHODS["redwood-ngram-request"], SETUP, 9000)
+    assert alone[alone.index("--ngram-memory") + 1] == "0"       # the per-request drafter
     custom = ServerSetup("t.gguf", "d.gguf", 2, redwood_model_args=("--target", "t.gguf",
                                                                    "--draft", "d.gguf"))
     assert command(METHODS["redwood"], custom, 1)[4:8] == ["--target", "t.gguf", "--draft", "d.gguf"]

@@ -43,6 +43,10 @@ METHODS = {m.name: m for m in (
                  "redwood serve --max-batch 1 (the shipped bundle, governed)"),
     ServerMethod("redwood-ngram", "redwood", ("--max-batch", "1", "--drafter", "ngram"),
                  "redwood serve --max-batch 1 --drafter ngram"),
+    ServerMethod("redwood-ngram-request", "redwood",
+                 ("--max-batch", "1", "--drafter", "ngram", "--ngram-memory", "0"),
+                 "redwood serve --max-batch 1 --drafter ngram --ngram-memory 0 (the request's "
+                 "own text only)"),
     ServerMethod("redwood-auto", "redwood", ("--max-batch", "1", "--drafter", "auto"),
                  "redwood serve --max-batch 1 --drafter auto"),
 )}

@@ -347,7 +347,8 @@ def _add_bench(sub):
                    help="benchmark servers through one HTTP client instead: llama-server "
                    "(plain; always included as the baseline), llama-server-spec-default, "
                    "llama-server-ngram-map-k, llama-server-ngram-simple, llama-server-draft, "
-                   "llama-server-draft-p75, redwood, redwood-batch1, redwood-ngram, redwood-ngram-request (no memory of earlier answers), redwood-auto. "
+                   "llama-server-draft-p75, redwood, redwood-batch1, redwood-ngram, "
+                   "redwood-ngram-request (no memory of earlier answers), redwood-auto. "
                    "Natural stop; defaults: --prompt-set chat humaneval whole_file, --prompts "
                    "10, --max-new-tokens 512 (max_tokens), --temperatures 0")
     p.add_argument("--rounds", type=int, default=3, help="--servers: rounds (default 3)")

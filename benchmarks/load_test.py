@@ -316,13 +316,13 @@ def versions() -> dict:
 def format_row(row: dict) -> str:
     def ms(value):
         return f"{1000 * value:8.1f}" if value is not None else "       -"
-    return (f"| {row['method']:16} | {row['clients']:3d} | {row['tokens_per_s'] or 0:8.2f} | "
+    return (f"| {row['method']:17} | {row['clients']:3d} | {row['tokens_per_s'] or 0:8.2f} | "
             f"{ms(row['ttft_p50_s'])} | {ms(row['ttft_p95_s'])} | {ms(row['per_token_p50_s'])} | "
             f"{ms(row['per_token_p95_s'])} | {len(row['errors']):3d} |")
 
 
-HEADER = ("| method           |   c | tokens/s | TTFT p50 | TTFT p95 | tok p50  | tok p95  "
-          "| err |\n|------------------|-----|----------|----------|----------|----------|"
+HEADER = ("| method            |   c | tokens/s | TTFT p50 | TTFT p95 | tok p50  | tok p95  "
+          "| err |\n|-------------------|-----|----------|----------|----------|----------|"
           "----------|-----|")
 
 

@@ -10,7 +10,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import CONTEXT_BUCKET, MATCH_BUCKETS, AcceptanceModel, NgramDrafter
+from redwood.decode.ngram_drafter import (CONTEXT_BUCKET, MATCH_BUCKETS, AcceptanceModel,
+                                          NgramDrafter)
 from redwood.errors import RedwoodError
 from redwood.measure import machine_profile as mp
 from redwood.plan.formats import Profile, interpolate_by_context, sample_profile_path

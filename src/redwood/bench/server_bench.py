@@ -110,8 +110,9 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                  progress=print, servers: dict | None = None) -> list[Record]:
     """Every round x temperature x prompt x method, methods rotating per prompt; a warm-up
     request per server first (untimed). Interrupted (Ctrl-C), it returns the records of the
-    prompts every method answered, so a long run cut short still reports them. servers: {name: ServerProcess} to pause while another
-    answers (None: nothing paused, e.g. servers this process does not own)."""
+    prompts every method answered, so a long run cut short still reports them. servers:
+    {name: ServerProcess} to pause while another answers (None: nothing paused, e.g. servers
+    this process does not own)."""
     names = list(urls)
     servers = servers or {}
     if not prompts:
@@ -139,7 +140,8 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                     done = len(records)
                     elapsed = time.perf_counter() - start
                     progress(f"round {r + 1}/{config.rounds} T={temperature:g} {prompt.name}: "
-                             + ", ".join(f"{rec.method} {rec.completion_tokens / rec.wall_seconds:.1f}"
+                             + ", ".join(f"{rec.method} "
+                                         f"{rec.completion_tokens / rec.wall_seconds:.1f}"
                                          for rec in records[-len(names):])
                              + f" tok/s  [{done}/{total}, {elapsed / 60:.1f} min, "
                                f"~{elapsed / done * (total - done) / 60:.1f} min left]")

@@ -104,12 +104,12 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     return engine, loaded.tokenizer
 
 
-
 def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
     model on this machine's t(n) (measured once, cached; read at the request's context where
-    the profile timed several, as on llama.cpp) and governed like any other; its acceptance
-    priors from the bundle's n-gram calibration when it has one."""
+    the profile timed several, as on llama.cpp) and corrected by the request's live costs,
+    so the drafter decides every step itself (no governor: NgramDrafter.sizes_itself); its
+    acceptance priors from the bundle's n-gram calibration when it has one."""
     from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
     from redwood.measure.ngram_calibration import acceptance_model

@@ -51,6 +51,7 @@ from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
 from redwood.plan.formats import check_times_by_context, interpolate_by_context
+from redwood.plan.live_costs import CONTEXT_BUCKET     # the same grid as LiveCosts.follow
 from redwood.plan.tree import Tree, bfs_renumber
 
 # Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text
@@ -65,7 +66,6 @@ DEPTH_BUCKETS = 6            # depths 1..5, 6+
 PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
-CONTEXT_BUCKET = 64          # t(n) by context is re-read when the context enters a new bucket
 # Longest chain a copy may draft: long copies pay only past the steep part of llama.cpp's cost
 # curve on a CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on a 2-core EPYC); an 8-token cap
 # stopped short of it. Each step is still sized by E(n) / t(n).
@@ -295,13 +295,12 @@ class NgramDrafter:
         engine (plan/live_costs.py, rebased on the profile at the request's context as it
         grows) it is their corrected figure. Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
-        profile_ms = self.step_target_ms()
-        if profile_ms is None:
+        if not self.sizes_itself:
             sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
-        elif self.costs is None:
-            sizes = profile_ms
-        else:               # the engine keeps the live costs on the profile at this context
+        elif self.costs is not None:    # the engine keeps them on the profile at this context
             sizes = {n: self.costs.target_ms(n) for n in self.costs.sizes}
+        else:
+            sizes = self.step_target_ms()
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
             expected += values[n - 2] if n > 1 else 0.0
             if n in sizes:

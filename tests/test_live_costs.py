@@ -46,6 +46,21 @@ def test_untimed_sizes_borrow_from_timed_speculative_sizes_but_plain_does_not():
     assert costs.as_dict()["samples"] == {"4": 10, DRAFT: 1}
 
 
+def test_before_any_tree_is_timed_trees_borrow_the_plain_steps_error():
+    """A profile reading every size 15 % high: once plain steps are timed at 0.85, an untimed
+    tree must not look 1 / 0.85 dearer than it is (a self-sizing drafter would never try one),
+    and once a tree size is timed, its own error decides."""
+    costs = LiveCosts(PROFILE_MS)
+    for _ in range(10):
+        costs.record_target(1, 0.85 * 0.030)
+    assert costs.ratio(1) == pytest.approx(0.85, rel=0.03)
+    assert costs.ratio(4) == pytest.approx(costs.ratio(1), rel=0.03)
+    assert costs.target_ms(4) / costs.target_ms(1) == pytest.approx(80.0 / 30.0, rel=0.05)
+    for _ in range(10):
+        costs.record_target(4, 1.2 * 0.080)
+    assert costs.ratio(8) == pytest.approx(1.2, rel=0.05)       # the timed tree size's 1.2x
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError):
         LiveCosts({2: 10.0})
@@ -108,7 +123,9 @@ class FakeClock:
 
 class TimedBackend:
     """A real (tiny) backend whose forwards advance a fake clock by factor(n) x t(n) of a
-    profile, n = the tokens of the forward. No prefill_tree: the engine prefills separately."""
+    profile, n = the tokens of the forward. Not fused: the engine prefills the whole prompt."""
+
+    fused_prefill_tree = False
 
     def __init__(self, inner, clock: FakeClock, profile_ms: dict, spec_factor: float):
         self._inner, self._clock, self._spec = inner, clock, spec_factor
@@ -200,7 +217,10 @@ def test_follow_rebases_on_the_profile_at_the_requests_context():
 
 
 class RecordingBackend:
-    """Counts the tree sizes the engine verifies (every other call goes to the backend)."""
+    """Counts the tree sizes the engine verifies (every other call goes to the backend); not
+    fused: the whole prompt's prefill gives the first token."""
+
+    fused_prefill_tree = False
 
     def __init__(self, inner):
         self._inner, self.tree_sizes = inner, []
@@ -216,23 +236,34 @@ class RecordingBackend:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.6])
-def test_a_self_sizing_ngram_drafter_is_not_governed(tiny, temperature):
+def test_a_self_sizing_ngram_drafter_is_not_governed(temperature):
     """An n-gram drafter with a cost model picks every step's size itself: the governor never
     makes a step plain (its history would stall drafting after one miss in a copy), a step
     that drafts nothing runs as a plain step (no 1-node tree forward), and greedy output is
     the target's own."""
+    # a sharp target (large logits): its sampled answers at 0.6 still copy, as real ones do
+    tiny = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=30.0)
     profile = Profile(target_ms=PROFILE_MS, draft_ms={1: 1e-3})
     target = RecordingBackend(HFBackend(tiny))
     drafter = NgramDrafter(target_ms=PROFILE_MS, max_length=8)
     assert drafter.sizes_itself and not NgramDrafter().sizes_itself
     engine = Engine(target, None, chain(8), profile=profile, drafter=drafter)
-    prompt = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])
+    # a start and the target's own continuation of it, which falls into cycles: the answer
+    # repeats long spans the prompt holds, so the n-gram drafter finds matches (and misses)
+    start = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7])
+    own = Engine(HFBackend(tiny), HFBackend(tiny)).generate(
+        start, 40, method="autoregressive", stop_on_eos=False).tokens
+    prompt = torch.cat([start, torch.tensor(own)])
     result = engine.generate(prompt, 40, temperature=temperature, seed=3, stop_on_eos=False)
     assert result.stats.governor["plain_steps"] == 0           # never asked to go plain
     assert 1 not in target.tree_sizes                          # no 1-node tree forwards
     drafted = len(target.tree_sizes)
-    assert result.stats.plain_steps + drafted == result.stats.target_forwards
+    # the first token comes from the prefill; every later step is plain or verifies a tree
+    assert result.stats.plain_steps + drafted + 1 == result.stats.target_forwards
     assert result.stats.plain_steps > 0 and drafted > 0
+    by_match = result.as_dict()["acceptance_by_match"]             # every drafted node, once
+    assert sum(proposed for _, proposed in by_match.values()) == result.stats.tree_nodes
+    assert 0 < sum(kept for kept, _ in by_match.values()) <= result.stats.tree_nodes
     if temperature == 0:
         reference = Engine(HFBackend(tiny), HFBackend(tiny)).generate(
             prompt, 40, method="autoregressive", stop_on_eos=False)

@@ -198,6 +198,27 @@ def test_context_overflow(backend):
     assert backend.append([1, 2, 3]).shape == (1, 512)   # exactly full still works
     with pytest.raises(RedwoodError, match="context overflow"):
         backend.append([1])
+    with pytest.raises(RedwoodError, match="context overflow"):
+        backend.append_logits_view([1])                    # the one-token fast path
+    assert backend.cache_length() == n_ctx
+    backend.reset()
+
+
+def test_one_token_view_equals_append(backend, reference):
+    """append_logits_view([t]) (the plain step's fast path) gives append's row and cache."""
+    backend.reset()
+    reference.reset()
+    backend.append([5, 9, 14], rows=0)
+    reference.append([5, 9, 14], rows=0)
+    for token in (3, 77, 200, 3):
+        row = backend.append_logits_view([token]).copy()
+        assert_matches(torch.from_numpy(row)[None], reference.append([token]))
+    assert backend.cache_length() == reference.cache_length() == 7
+    assert backend._tokens == [5, 9, 14, 3, 77, 200, 3]
+    for bad in (512, -1):
+        with pytest.raises(RedwoodError, match="out of range"):
+            backend.append_logits_view([bad])
+    assert backend.cache_length() == 7
     backend.reset()
 
 

@@ -178,6 +178,22 @@ def test_cost_model_sizes_the_proposal():
     assert len(propose_after(drafter_with(0.3, None), REPEATED, 3).tokens) == 7
 
 
+def test_proposals_are_counted_by_match_length():
+    """match_counts: every proposed node under its match length, accepted when on the path
+    the target kept; a new request starts from zero."""
+    drafter = drafter_with(0.9)
+    proposal = propose_after(drafter, REPEATED, 3, chain(12))      # suffix 1 2 3: match 11
+    tokens = proposal.tokens.tolist()
+    assert tokens == [3, 4, 5, 6, 7, 8, 1, 2]
+    drafter.commit([0, 1, 2, 3], proposal.tokens)                   # kept 4 5 6, rejected 7
+    assert drafter.match_counts == {"8-15": [3, 7]}
+    drafter.propose(9, layout(WIDE_DEEP), GREEDY)                   # no match: nothing proposed
+    drafter.commit([0], torch.tensor([9]))
+    assert drafter.match_counts == {"8-15": [3, 7]}
+    drafter.prefill(torch.tensor(REPEATED))
+    assert drafter.match_counts == {}
+
+
 def test_proposal_stays_within_the_requested_tree():
     text = [9, 1, 2, 9, 3, 4, 9, 5, 6, 9, 7, 8]               # 9 was followed by 1, 3, 5, 7
     wide = propose_after(drafter_with(0.9, None), text, 9, star(8))

@@ -353,7 +353,7 @@ def test_the_engine_stores_each_answer_and_honours_the_request_opt_out(tiny_gguf
         engine = Engine(target, None, WIDE_DEEP, drafter=NgramDrafter(memory=memory))
         prompt = LLAMA_PROMPTS[0]
         first = engine.generate(torch.tensor(prompt), 32, stop_on_eos=False)
-        assert len(memory) == 1 and memory.tokens == 32     # the prompt's last token + 31
+        assert len(memory) == 1 and memory.tokens == 31     # all but the last (uncommitted)
         private = engine.generate(torch.tensor(prompt), 32, stop_on_eos=False, ngram_memory=False)
         assert private.tokens == first.tokens and len(memory) == 1
         assert private.tokens_per_step <= first.tokens_per_step + 1e-9   # no drafts from memory

@@ -1,5 +1,6 @@
 """The plain step's in-place sampler (decode/plain_sampling.py) against the exact law, without a
-model: chi-square on rows spanning several blocks, a zero-mass tail, seeded repeatability."""
+model: chi-square on a spread-out row, on rows whose envelope tail is drawn and rejected often
+(small gaps), a zero-mass tail, non-finite rows, seeded repeatability."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from redwood.decode.params import SamplingParams
-from redwood.decode.plain_sampling import BLOCK, PlainSampler
+from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.sampling import process_logits
+from redwood.errors import RedwoodError
 from test_verify import assert_law
 
 
@@ -19,25 +21,53 @@ def _law(row: np.ndarray, temperature: float) -> dict:
     return {i: float(p) for i, p in enumerate(probs) if p > 0}
 
 
+def _spread_row(vocab: int = 1573, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    row = rng.normal(0, 1, vocab).astype(np.float32)
+    row[rng.choice(vocab, 12, replace=False)] += 6.0          # mass on a few tokens
+    return row
+
+
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 def test_draws_follow_softmax_at_temperature(temperature):
-    rng = np.random.default_rng(0)
-    vocab = 3 * BLOCK + 37                                   # a ragged last block
-    row = rng.normal(0, 1, vocab).astype(np.float32)
-    row[rng.choice(vocab, 12, replace=False)] += 6.0          # mass spread over a few blocks
+    row = _spread_row()
     sampler, generator = PlainSampler(), torch.Generator().manual_seed(1)
     draws = 6000
     counts = Counter(sampler.sample(row, temperature, generator) for _ in range(draws))
     assert_law(counts, _law(row, temperature), draws)
 
 
+@pytest.mark.parametrize("gap, temperature", [(1.0, 1.0), (2.5, 0.6)])
+def test_the_envelope_tail_is_exact_when_drawn_often(gap, temperature):
+    """With a small gap most tokens are in the tail, whose envelope b = e^-gap exceeds their
+    weights: draws go through the tail's accept/reject branch, and the law stays exact."""
+    row = np.random.default_rng(4).normal(0, 1, 60).astype(np.float32)
+    law = _law(row, temperature)
+    floor = float(row.max()) - gap * temperature
+    tail_share = sum(p for i, p in law.items() if row[i] < floor)
+    assert tail_share > 0.1, "the test must draw tail tokens"
+    sampler, generator = PlainSampler(tail_gap=gap), torch.Generator().manual_seed(2)
+    draws = 8000
+    counts = Counter(sampler.sample(row, temperature, generator) for _ in range(draws))
+    assert_law(counts, law, draws)
+
+
 def test_never_a_token_of_zero_mass_and_seeded():
-    row = np.full(2 * BLOCK, -1e30, dtype=np.float32)        # exp underflows to exactly 0
+    row = np.full(1024, -1e30, dtype=np.float32)             # exp underflows to exactly 0
     row[[5, 700]] = [0.0, 0.5]
-    sampler = PlainSampler()
-    first = [sampler.sample(row, 1.0, torch.Generator().manual_seed(3)) for _ in range(3)]
-    draws = {sampler.sample(row, 1.0, torch.Generator().manual_seed(s)) for s in range(200)}
-    assert draws == {5, 700} and len(set(first)) == 1
+    for gap in (30.0, 0.1):                                  # 0.1: the tail is drawn, never kept
+        sampler = PlainSampler(tail_gap=gap)
+        first = [sampler.sample(row, 1.0, torch.Generator().manual_seed(3)) for _ in range(3)]
+        draws = {sampler.sample(row, 1.0, torch.Generator().manual_seed(s)) for s in range(200)}
+        assert draws == {5, 700} and len(set(first)) == 1
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_are_refused(bad):
+    row = np.zeros(16, dtype=np.float32)
+    row[3] = bad
+    with pytest.raises(RedwoodError, match="not finite"):
+        PlainSampler().sample(row, 0.7, torch.Generator().manual_seed(0))
 
 
 def test_only_plain_temperature_settings_take_this_path():
@@ -45,3 +75,5 @@ def test_only_plain_temperature_settings_take_this_path():
     assert not PlainSampler.handles(SamplingParams(8, temperature=0.0))
     assert not PlainSampler.handles(SamplingParams(8, temperature=0.7, top_p=0.9))
     assert not PlainSampler.handles(SamplingParams(8, temperature=0.7, top_k=40))
+    with pytest.raises(ValueError):
+        PlainSampler(tail_gap=0)

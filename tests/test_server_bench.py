@@ -141,6 +141,32 @@ def test_stray_rounds_flagged():
     assert summary[("chat", 0.0, "redwood")]["min"]["median"] == pytest.approx(1.0)
 
 
+def test_speculation_pooled_per_set_with_acceptance_by_match():
+    from redwood.bench.server_report import speculation_figures, speculation_table
+
+    def redwood(forwards, per_forward, steps, predicted, observed, by_match):
+        return {"redwood": {"target_forwards": forwards, "tokens_per_target_forward": per_forward,
+                            "predicted_vs_observed": {"steps": steps,
+                                                      "predicted_tokens_per_step": predicted,
+                                                      "observed_tokens_per_step": observed},
+                            "acceptance_by_match": by_match}}
+    records = [_record(0, "redwood-ngram", 1.0), _record(1, "redwood-ngram", 1.0),
+               _record(0, "llama-server-spec-default", 1.0), _record(0, "llama-server", 1.0)]
+    records[0].extra = redwood(10, 2.0, 4, 3.0, 2.5, {"1": [1, 4], "32+": [9, 10]})
+    records[1].extra = redwood(30, 1.0, 0, 0.0, 0.0, {"1": [0, 2]})
+    records[1].extra["redwood"]["predicted_vs_observed"] = {}
+    records[2].extra = {"timings": {"draft_n": 20, "draft_n_accepted": 5}}
+    figures = speculation_figures(records)
+    ours = figures["chat"]["redwood-ngram"]
+    assert ours["tokens_per_forward"] == pytest.approx(50 / 40)    # tokens over forwards
+    assert ours["predicted_tokens_per_step"] == 3.0 and ours["observed_tokens_per_step"] == 2.5
+    assert ours["acceptance_by_match"] == {"1": [1, 6], "32+": [9, 10]}
+    assert figures["chat"]["llama-server-spec-default"] == {"draft_acceptance": 0.25}
+    assert "llama-server" not in figures["chat"]                     # nothing to report
+    table = speculation_table(figures, ("1", "2", "32+"))
+    assert "| chat | redwood-ngram | 1.25 | 3.00 / 2.50 | - | 0.17 (6), -, 0.90 (10) |" in table
+
+
 def test_config_checks():
     with pytest.raises(RedwoodError):
         ServerBenchConfig(methods=["redwood"], rounds=0).check()

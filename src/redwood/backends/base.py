@@ -40,6 +40,8 @@ class Backend(Protocol):
     max_positions: int | None   # the context limit (positions), None = unknown
     eos_ids: frozenset[int]     # tokens that end a generation
     dtype_name: str             # weights / compute type, for profiles ("float32", "Q4_K_M", ...)
+    fused_prefill_tree: bool    # prefill_tree runs in one forward (else the engine prefills
+                                # the whole prompt and takes the first token from it)
 
     def reset(self) -> None:
         """Drop the whole cache (committed and tentative)."""

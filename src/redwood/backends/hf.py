@@ -19,6 +19,7 @@ from redwood.plan.tree import Tree
 
 class HFBackend:
     kind = "hf"
+    fused_prefill_tree = True       # prefill_tree is one forward (the engine fuses, §5.4)
 
     def __init__(self, model, preallocate: bool = True, gqa_attention: bool = True):
         """preallocate: PreallocLayer cache instead of torch.cat DynamicCache. gqa_attention:

@@ -117,27 +117,71 @@ def stray_rounds(records, baseline: str = BASELINE) -> list[dict]:
 
 
 def speculation_figures(records) -> dict:
-    """{method: {"tokens_per_forward": ...}} from what the servers report: llama-server's
-    timings (draft_n, draft_n_accepted) and redwood's stats (tokens_per_target_forward)."""
+    """{set: {method: figures}} pooled over a set's requests from what the servers report:
+    llama-server's timings (draft_n, draft_n_accepted -> "draft_acceptance") and redwood's
+    stats: "tokens_per_forward" (tokens over target forwards), "predicted_tokens_per_step" and
+    "observed_tokens_per_step" (the drafter's E(n) against what the target kept, over the
+    steps it predicted) and "acceptance_by_match" {match length: [accepted, proposed]}."""
     out = {}
-    for (method,), group in _by(records, "method").items():
-        drafted = accepted = 0
-        per_forward = []
-        for r in group:
-            timings = r.extra.get("timings") or {}
-            drafted += int(timings.get("draft_n") or 0)
-            accepted += int(timings.get("draft_n_accepted") or 0)
-            stats = r.extra.get("redwood") or {}
-            if stats.get("tokens_per_target_forward"):
-                per_forward.append(stats["tokens_per_target_forward"])
-        entry = {}
-        if drafted:
-            entry["draft_acceptance"] = accepted / drafted
-        if per_forward:
-            entry["tokens_per_forward"] = statistics.median(per_forward)
-        if entry:
-            out[method] = entry
+    for (prompt_set, method), group in _by(records, "prompt_set", "method").items():
+        figures = _pooled_figures(group)
+        if figures:
+            out.setdefault(prompt_set, {})[method] = figures
     return out
+
+
+def _pooled_figures(group) -> dict:
+    drafted = accepted = forwards = tokens = steps = 0
+    predicted = observed = 0.0
+    by_match: dict[str, list[int]] = {}
+    for r in group:
+        timings = r.extra.get("timings") or {}
+        drafted += int(timings.get("draft_n") or 0)
+        accepted += int(timings.get("draft_n_accepted") or 0)
+        stats = r.extra.get("redwood") or {}
+        if stats.get("target_forwards"):
+            forwards += stats["target_forwards"]
+            tokens += stats["tokens_per_target_forward"] * stats["target_forwards"]
+        check = stats.get("predicted_vs_observed") or {}
+        if check.get("steps"):
+            steps += check["steps"]
+            predicted += check["predicted_tokens_per_step"] * check["steps"]
+            observed += check["observed_tokens_per_step"] * check["steps"]
+        for label, (kept, proposed) in (stats.get("acceptance_by_match") or {}).items():
+            counts = by_match.setdefault(label, [0, 0])
+            counts[0], counts[1] = counts[0] + kept, counts[1] + proposed
+    figures = {}
+    if drafted:
+        figures["draft_acceptance"] = accepted / drafted
+    if forwards:
+        figures["tokens_per_forward"] = tokens / forwards
+    if steps:
+        figures.update(predicted_tokens_per_step=predicted / steps,
+                       observed_tokens_per_step=observed / steps, predicted_steps=steps)
+    if by_match:
+        figures["acceptance_by_match"] = by_match
+    return figures
+
+
+def speculation_table(figures: dict, labels) -> str:
+    """Markdown: one row per (set, method) with speculation figures; labels: the match-length
+    buckets in order (decode.ngram_drafter.MATCH_LABELS)."""
+    lines = ["| set | method | tokens / target forward | predicted / observed tokens per step "
+             "| draft acceptance | n-gram drafts kept by match length (" + ", ".join(labels)
+             + ") |", "|---|---|---|---|---|---|"]
+    for prompt_set, methods in figures.items():
+        for method, f in methods.items():
+            check = (f"{f['predicted_tokens_per_step']:.2f} / {f['observed_tokens_per_step']:.2f}"
+                     if "predicted_steps" in f else "-")
+            matches = f.get("acceptance_by_match") or {}
+            by_match = ", ".join(
+                f"{matches[k][0] / matches[k][1]:.2f} ({matches[k][1]})" if k in matches else "-"
+                for k in labels) if matches else "-"
+            per_forward = f"{f['tokens_per_forward']:.2f}" if "tokens_per_forward" in f else "-"
+            drafts = f"{f['draft_acceptance']:.2f}" if "draft_acceptance" in f else "-"
+            lines.append(f"| {prompt_set} | {method} | {per_forward} | {check} | {drafts} | "
+                         f"{by_match} |")
+    return "\n".join(lines)
 
 
 def markdown_table(summary: dict, methods: list[str], sets: list[str], temperatures) -> str:

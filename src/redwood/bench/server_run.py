@@ -12,8 +12,9 @@ from pathlib import Path
 
 from redwood.bench.server_bench import ServerBenchConfig, run_requests, start_servers, stop_servers
 from redwood.bench.server_report import (markdown_table, ratios, speculation_figures,
-                                         stray_rounds)
+                                         speculation_table, stray_rounds)
 from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
+from redwood.decode.ngram_drafter import MATCH_LABELS
 from redwood.errors import RedwoodError
 
 DEFAULT_LLAMA_SERVER = Path(".venv/llama-server/build/bin/llama-server")
@@ -181,9 +182,10 @@ def render_markdown(doc: dict) -> str:
                      f"({r['median']['worst']:.2f}) | {r['identical']}/{r['prompts']} | "
                      f"{r['median_tokens']:g} |")
     if doc["speculation"]:
-        lines += ["", "Speculation as the servers report it: " + "; ".join(
-            f"{m}: " + ", ".join(f"{k} {v:.2f}" for k, v in e.items())
-            for m, e in doc["speculation"].items())]
+        lines += ["", "## Speculation per set, as the servers report it", "",
+                  "Pooled over every request of a set and round; match-length cells: the "
+                  "share of proposed n-gram draft tokens the target kept (proposed).", "",
+                  speculation_table(doc["speculation"], MATCH_LABELS)]
     return "\n".join(lines) + "\n"
 
 

@@ -6,13 +6,14 @@ keep the accepted path, repeat.
 
 The loop talks only to a `Backend` (the target) and a `Drafter`. Cache invariant between
 steps: the target holds every token except the current root (the newest token); each step
-runs the root plus the tree's nodes as one tree (docs/design.md §1). By default the target's
-prefill is that first step's forward too (prefill_tree, docs/design.md §5.4).
+runs the root plus the tree's nodes as one tree (docs/design.md §1). Where the target runs
+prefill_tree in one forward (transformers), its prefill is the first step's forward too
+(docs/design.md §5.4); elsewhere (llama.cpp) the whole prompt's prefill gives the first token,
+as the runtime's own loop does, and the first tree grows below it.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,64 +24,14 @@ from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.plain_sampling import PlainSampler
+from redwood.decode.request import (METHODS, as_backend, as_tree, check_request,  # noqa: F401
+                                    check_same_vocab, finish_drafters, match_counts,
+                                    method_tree, set_for_request)
 from redwood.decode.stats import GenerationResult, StepStats
+from redwood.decode.stream import DecodeOptions, DecodeState, Stream
 from redwood.errors import RedwoodError
 from redwood.plan.live_costs import LiveCosts
 from redwood.plan.tree import Tree
-
-METHODS = ("autoregressive", "chain", "specinfer", "sequoia")
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """What a request asks of the decoder besides sampling."""
-    method: str = "sequoia"
-    stop_on_eos: bool = True
-    tree: Tree | None = None
-    draft_confidence: float = 0.0      # prune drafting below draft tokens less probable than this
-    fuse_prefill: bool = True          # the target runs prompt[:-1] with the first tree (§5.4)
-    cache_prompt: bool = True          # reuse the cached prefix the prompt starts with (§5.5)
-    ngram_memory: bool = True          # n-gram drafting from earlier requests' answers (§3.3)
-
-
-@dataclass
-class DecodeState:
-    """The live state of one generation (exposed on the Stream for inspection and tests)."""
-    target: object = None              # the target Backend
-    drafter: Drafter | None = None
-    prompt: torch.Tensor | None = None
-    tokens: list[int] | None = None    # new tokens so far
-    accepted: list[int] | None = None
-    stats: StepStats | None = None
-    prefill_seconds: float = 0.0
-    method: str = ""
-
-
-class Stream:
-    """Iterate to receive the new tokens of each step (list[int]); `result` is set at the end."""
-
-    def __init__(self, steps, state: DecodeState):
-        self._steps = steps
-        self.state = state
-        self.result: GenerationResult | None = None
-
-    def __iter__(self):
-        while True:
-            try:
-                yield next(self._steps)
-            except StopIteration as done:
-                if done.value is not None:       # None after close(): keep its partial result
-                    self.result = done.value
-                return
-
-    def close(self) -> None:
-        """Stop early (e.g. the client went away). `result` then holds what was generated
-        so far, with finish_reason "stopped"."""
-        self._steps.close()
-        state = self.state
-        if self.result is None and state.tokens is not None:
-            self.result = GenerationResult(list(state.tokens), list(state.accepted), state.stats,
-                                           state.prefill_seconds, state.method, "stopped")
 
 
 class Engine:
@@ -109,7 +60,7 @@ class Engine:
         self.draft_backend = as_backend(draft) if draft is not None else None
         if self.draft_backend is not None:
             check_same_vocab(self.target_backend, self.draft_backend)
-        self.tree = _as_tree(tree)
+        self.tree = as_tree(tree)
         self.device = self.target_backend.device
         self.eos_ids = set(self.target_backend.eos_ids)
         limits = [b.max_positions for b in (self.target_backend, self.draft_backend)
@@ -164,7 +115,8 @@ class Engine:
                                 self.fuse_prefill if fuse_prefill is None else bool(fuse_prefill),
                                 self.prompt_cache if cache_prompt is None else bool(cache_prompt),
                                 bool(ngram_memory))
-        prompt = self._validate(input_ids, params, options)
+        prompt = check_request(input_ids, params, options, self.target_backend,
+                               self.draft_backend, self.max_positions)
         state = DecodeState()
         owner = object()
         self._owner = owner
@@ -175,7 +127,7 @@ class Engine:
     def _run(self, prompt, params: SamplingParams, options: DecodeOptions, state: DecodeState, owner):
         generator = torch.Generator(device=self.device)
         generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-        layout = self.layouts(_method_tree(options.method, options.tree))
+        layout = self.layouts(method_tree(options.method, options.tree))
         speculative = options.method != "autoregressive" and len(layout.tree) > 1
         stats = StepStats(accepted_at_depth=[0] * (layout.tree.num_levels - 1 if speculative else 0))
         target, prompt = self.target_backend, prompt.to(self.device)
@@ -183,6 +135,7 @@ class Engine:
         start = self._clock()
         drafter = self.drafter if speculative else None
         first_logits, unrun = self._prefill(prompt, drafter, options, stats)
+        stats.acceptance_by_match = match_counts(drafter)      # live: filled as steps commit
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
         governor = self._governor(drafter, len(prompt))
@@ -226,36 +179,41 @@ class Engine:
             stats.other_seconds += self._clock() - step_start - step_forwards
             root = tokens[-1]
             yield new_tokens
-        _finish_drafter(drafter)
+        finish_drafters(drafter)
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
 
     def _prefill(self, prompt, drafter, options: DecodeOptions, stats: StepStats):
         """(first logits, unrun). With options.cache_prompt, the target (and the draft) keep
         the longest cached prefix of what they would prefill and run only the rest
-        (stats.cached_prompt_tokens: the target's kept tokens). Speculative (a drafter
-        given): every prompt token but the last, which becomes the first root, so even the
-        first new token comes from a verified step. The draft prefills them; the target too, unless `fuse`: then they are returned
-        as `unrun` [L-1] and the first step runs them in its verify forward (prefill_tree,
-        docs/design.md §5.4), so prefill_seconds holds the draft's prefill alone. Plain
-        decoding: prefill the whole prompt and return its last row's logits [1, V] for the
-        first token, exactly as the runtime's own generation loop does (llama.cpp's kernels
-        differ by batch size, so near-ties resolve as plain llama.cpp's)."""
+        (stats.cached_prompt_tokens: the target's kept tokens).
+
+        Fused (a speculative request whose target runs prefill_tree in one forward:
+        transformers): the draft prefills prompt[:-1], the target nothing; prompt[:-1] is
+        returned as `unrun` [L-1] and the first step runs it in its verify forward with
+        root = prompt[-1] (docs/design.md §5.4), so prefill_seconds holds the draft's prefill
+        alone. Otherwise (plain decoding, llama.cpp, fuse_prefill=False): the target prefills
+        the whole prompt and its last row's logits [1, V] give the first token, exactly as the
+        runtime's own generation loop and llama-server do (llama.cpp's kernels differ by batch
+        shape, so near-ties then resolve as plain llama.cpp's); the drafter holds the whole
+        prompt and the first new token is the first root."""
         target = self.target_backend
         reuse = options.cache_prompt and hasattr(target, "keep_prefix")
-        _set_for_request(drafter, "reuse_prefix", options.cache_prompt)
-        _set_for_request(drafter, "use_memory", options.ngram_memory)
+        set_for_request(drafter, "reuse_prefix", options.cache_prompt)
+        set_for_request(drafter, "use_memory", options.ngram_memory)
         # the last prompt token is always run: its logits (plain) or it is the first root
         kept = target.keep_prefix(prompt, len(prompt) - 1) if reuse else 0
         if not reuse:
             target.reset()
         stats.cached_prompt_tokens = kept
-        if drafter is None:
-            return target.append(prompt[kept:], rows=1), None
-        fuse = options.fuse_prefill and hasattr(target, "prefill_tree")   # a Backend before it
+        fuse = drafter is not None and options.fuse_prefill and \
+            getattr(target, "fused_prefill_tree", False)
         if not fuse:
-            target.append(prompt[kept:-1], rows=0)
+            first_logits = target.append(prompt[kept:], rows=1)
+            if drafter is not None:
+                drafter.prefill(prompt)
+            return first_logits, None
         drafter.prefill(prompt[:-1])
-        return None, (prompt[kept:-1] if fuse else None)
+        return None, prompt[kept:-1]
 
     def _governor(self, drafter, context: int) -> Governor | None:
         """A speculative request's governor (with a profile), its costs live unless the
@@ -271,7 +229,7 @@ class Engine:
         costs = LiveCosts(table, table_at=by_context, context=context) \
             if self.live_costs else None
         self.last_costs = costs
-        _set_for_request(drafter, "costs", costs)
+        set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
 
     def _autoregressive_step(self, root, params, generator, stats, unrun=None, costs=None):
@@ -386,92 +344,3 @@ class Engine:
             torch.cuda.synchronize(self.device)
         return self._clock_fn()
 
-    def _validate(self, input_ids, params: SamplingParams, options: DecodeOptions) -> torch.Tensor:
-        ids = torch.as_tensor(input_ids)
-        if ids.dim() == 2 and ids.shape[0] == 1:
-            ids = ids[0]
-        if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
-            raise RedwoodError(f"input_ids must be a 1-D or [1, L] integer tensor, got shape "
-                               f"{tuple(ids.shape)} and dtype {ids.dtype}")
-        if ids.numel() == 0:
-            raise RedwoodError("the prompt is empty: give at least one token")
-        check_draft_confidence(options.draft_confidence)
-        if options.method not in METHODS:
-            raise RedwoodError(f"unknown method {options.method!r}; choose one of {', '.join(METHODS)}")
-        vocab = self.target_backend.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise RedwoodError(f"prompt token ids must lie in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
-        tree = options.tree
-        if not isinstance(tree, Tree):
-            raise RedwoodError(f"tree must be a redwood.Tree, got {type(tree).__name__}")
-        if options.method != "autoregressive":
-            for backend in (self.target_backend, self.draft_backend):
-                if backend is not None:
-                    backend.check_tree(_method_tree(options.method, tree))
-        run = _method_tree(options.method, tree) if options.method != "autoregressive" else Tree([-1])
-        room = max(b.room_needed(run) for b in (self.target_backend, self.draft_backend)
-                   if b is not None)
-        needed = ids.numel() + params.max_new_tokens + room
-        if self.max_positions is not None and needed > self.max_positions:
-            raise RedwoodError(
-                f"prompt ({ids.numel()} tokens) + max_new_tokens ({params.max_new_tokens}) + one "
-                f"tree step ({room}) = {needed} exceeds the model context of "
-                f"{self.max_positions} positions; shorten the prompt or lower max_new_tokens")
-        return ids.long()
-
-
-def as_backend(model_or_backend):
-    """A Backend as is; a transformers model wrapped in the transformers backend."""
-    if hasattr(model_or_backend, "run_tree") and hasattr(model_or_backend, "keep_path"):
-        return model_or_backend
-    from redwood.backends.hf import HFBackend
-
-    return HFBackend(model_or_backend)
-
-
-def check_same_vocab(target, draft) -> int:
-    """The shared logits width of two backends; RedwoodError naming both if they differ.
-    Speculative decoding compares the two distributions token by token."""
-    if target.vocab_size != draft.vocab_size:
-        raise RedwoodError(
-            f"vocabularies differ: target {target.name} has {target.vocab_size} tokens, draft "
-            f"{draft.name} has {draft.vocab_size}; pick a draft that shares the target's tokenizer")
-    return target.vocab_size
-
-
-def _parts(drafter) -> list:
-    """The drafter and the parts a hybrid drafter is made of (its `model` and `ngram`)."""
-    parts = (drafter, getattr(drafter, "model", None), getattr(drafter, "ngram", None))
-    return [part for part in parts if part is not None]
-
-
-def _set_for_request(drafter, name: str, value) -> None:
-    """Set a request's setting on the drafter and its parts, wherever that attribute exists."""
-    for part in _parts(drafter):
-        if hasattr(part, name):
-            setattr(part, name, value)
-
-
-def _finish_drafter(drafter) -> None:
-    """The request ended: drafters that keep something across requests (the n-gram memory)
-    store it now (an abandoned stream is stored at the next prefill instead)."""
-    for part in _parts(drafter):
-        if hasattr(part, "finish"):
-            part.finish()
-
-
-def _method_tree(method: str, tree: Tree) -> Tree:
-    """The tree a method runs (chain: one child per level, as deep as the tree)."""
-    if method == "chain":
-        return Tree(list(range(-1, tree.num_levels - 1)), {"kind": "chain"})
-    return tree
-
-
-def _as_tree(tree) -> Tree:
-    if tree is None:
-        from redwood.plan.tree import default_tree
-
-        return default_tree()
-    if isinstance(tree, Tree):
-        return tree
-    return Tree.load(tree)

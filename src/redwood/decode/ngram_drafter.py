@@ -47,6 +47,9 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
+from redwood.decode.ngram_acceptance import (DEPTH_BUCKETS, MATCH_BUCKETS,  # noqa: F401
+                                             MATCH_LABELS, PRIOR_LATER, PRIOR_RANK1,
+                                             PRIOR_WEIGHT, AcceptanceModel, match_bucket)
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
@@ -54,71 +57,10 @@ from redwood.plan.formats import check_times_by_context, interpolate_by_context
 from redwood.plan.live_costs import CONTEXT_BUCKET     # the same grid as LiveCosts.follow
 from redwood.plan.tree import Tree, bfs_renumber
 
-# Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text
-# is being repeated), a short one an accident, so the drafter tells them apart up to
-# ngram_index.MAX_MATCH.
-MATCH_BUCKETS = 7
-MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+")
-DEPTH_BUCKETS = 6            # depths 1..5, 6+
-# Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
-# coin flip, long ones usually repeat. Later siblings start at half (they are checked only
-# after the first was rejected).
-PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
-PRIOR_LATER = 0.5
-PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 # Longest chain a copy may draft: long copies pay only past the steep part of llama.cpp's cost
 # curve on a CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on a 2-core EPYC); an 8-token cap
 # stopped short of it. Each step is still sized by E(n) / t(n).
 COPY_DEPTH = 32
-
-
-def match_bucket(match: int) -> int:
-    """0, 1, 2 for matches of 1, 2, 3 tokens; then 3 + log2(match / 4), capped: 4-7 -> 3,
-    8-15 -> 4, 16-31 -> 5, 32+ -> 6."""
-    if match < 4:
-        return max(0, match - 1)
-    return min(MATCH_BUCKETS - 1, 3 + (int(match) // 4).bit_length() - 1)
-
-
-class AcceptanceModel:
-    """Estimated c = P(node accepted | parent accepted, earlier siblings rejected), by
-    key = (greedy, match-length bucket, depth bucket, rank 1 or later), as a Beta-style mean:
-    (accepted + prior · w) / (trials + w).
-
-    calibration: measured counts per key (measure/ngram_calibration.py); a key observed at
-    least CALIBRATED_MIN times there takes its measured rate as its prior, others the guesses."""
-
-    CALIBRATED_MIN = 8
-
-    def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
-                 prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None):
-        if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
-            raise RedwoodError(f"prior_rank1 needs {MATCH_BUCKETS} probabilities in [0, 1]")
-        self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
-        self.prior_weight = float(prior_weight)
-        self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
-        self.calibrated = {key: accepted / trials for key, (accepted, trials)
-                           in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
-
-    @staticmethod
-    def key(greedy: bool, node: TrieNode) -> tuple:
-        return (bool(greedy), match_bucket(node.match),
-                min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
-
-    def prior(self, key: tuple) -> float:
-        if key in self.calibrated:
-            return self.calibrated[key]
-        first = self.prior_rank1[key[1]]
-        return first * self.prior_later if key[3] else first
-
-    def rate(self, key: tuple) -> float:
-        accepted, trials = self.counts.get(key, (0.0, 0.0))
-        return (accepted + self.prior(key) * self.prior_weight) / (trials + self.prior_weight)
-
-    def observe(self, key: tuple, accepted: bool) -> None:
-        counts = self.counts.setdefault(key, [0.0, 0.0])
-        counts[0] += float(accepted)
-        counts[1] += 1.0
 
 
 class NgramDrafter:
@@ -179,7 +121,10 @@ class NgramDrafter:
         self._finished, self._store_on_finish = False, bool(self.use_memory)
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._accepted: list[int] = []                           # its accepted tokens
+        self._proposed: list[int] = []                           # its proposed trie nodes
         self._open = False                                       # proposed, not yet committed
+        # this request's proposed drafts by match length: label -> [accepted, proposed]
+        self.match_counts: dict[str, list[int]] = {}
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -208,6 +153,7 @@ class NgramDrafter:
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
         self._last, self._accepted, self._open = (trie, greedy), [], True
+        self._proposed = []
         return trie, taken, values
 
     def proposal(self, trie: list[TrieNode], keep: list[int], layout: TreeLayout,
@@ -219,6 +165,7 @@ class NgramDrafter:
             self.layouts = LayoutCache(device)
         out = layout if parents == layout.tree.parents else self.layouts(
             Tree(parents, {"kind": "ngram", "from": len(layout.tree)}))
+        self._proposed = order[1:]
         tokens = torch.tensor([trie[u].token for u in order], dtype=torch.long, device=device)
         point_mass = torch.ones(len(order), dtype=torch.bool, device=device)
         point_mass[0] = False                                     # the root is not proposed
@@ -233,6 +180,22 @@ class NgramDrafter:
         """The target accepted these drafted tokens after this step's root."""
         self.index.extend(accepted)
         self._accepted, self._open = list(accepted), False
+        if self._proposed:
+            self._count_by_match(accepted)
+
+    def _count_by_match(self, accepted: list[int]) -> None:
+        """match_counts: each proposed node counts as proposed under its match length, and
+        as accepted when it is on the path of accepted tokens."""
+        trie, on_path, at = self._last[0], set(), 0
+        for token in accepted:
+            at = next((c for c in trie[at].children if trie[c].token == token), None)
+            if at is None:
+                break
+            on_path.add(at)
+        for u in self._proposed:
+            counts = self.match_counts.setdefault(MATCH_LABELS[match_bucket(trie[u].match)], [0, 0])
+            counts[0] += u in on_path
+            counts[1] += 1
 
     def skip(self, root: int) -> None:
         """A plain target step consumed `root` (no proposal, decode/governor.py): learn from
@@ -255,9 +218,9 @@ class NgramDrafter:
 
     def finish(self) -> None:
         """The request ended: store its generated text in the memory, once. That text is
-        everything committed after the prompt: the roots (the first is the prompt's last
-        token, since the engine prefills prompt[:-1]) and the accepted tokens; the final bonus
-        token is never committed, so it is not stored. Nothing is stored without a memory or
+        everything committed after the prompt: the roots and the accepted tokens (the prompt's
+        last token too where the engine fuses the prefill: there the first root is that token);
+        the final bonus token is never committed, so it is not stored. Nothing is stored without a memory or
         when the request opted out (use_memory False at its prefill or now)."""
         self._finish(self._store_on_finish and self.use_memory)
 

@@ -33,6 +33,9 @@ class StepStats:
     predicted_tokens: float = 0.0     # sum of predicted tokens kept (bonus included)
     predicted_steps_tokens: int = 0   # sum of tokens kept on those steps
     predicted_steps: int = 0
+    # the n-gram drafter's proposals by match length ("1", "2", "3", "4-7", ... "32+"):
+    # label -> [accepted, proposed] draft tokens (decode/ngram_drafter.py)
+    acceptance_by_match: dict = field(default_factory=dict)
 
     @property
     def decode_seconds(self) -> float:
@@ -97,4 +100,5 @@ class GenerationResult:
             "accepted_by_source": dict(self.stats.accepted_by_source),
             "governor": dict(self.stats.governor),
             "predicted_vs_observed": self.stats.predicted_vs_observed(),
+            "acceptance_by_match": {k: list(v) for k, v in self.stats.acceptance_by_match.items()},
         }

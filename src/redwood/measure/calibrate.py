@@ -27,7 +27,7 @@ import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser
-from redwood.decode.engine import as_backend, check_same_vocab
+from redwood.decode.request import as_backend, check_same_vocab
 from redwood.decode.layout import TreeLayout
 from redwood.decode.params import SamplingParams
 from redwood.errors import RedwoodError

@@ -121,7 +121,7 @@ def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: 
     """The cached profile for (this machine, these models), measuring it first if needed.
     target, draft: Backends (or transformers models). `measure(target, draft, sizes)` replaces
     the measurement (tests)."""
-    from redwood.decode.engine import as_backend
+    from redwood.decode.request import as_backend
 
     target, draft = as_backend(target), as_backend(draft)
     # the sizes are part of the key: a profile without the sizes asked for (40 and 48 came

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from redwood.decode.engine import as_backend
+from redwood.decode.request import as_backend
 from redwood.errors import RedwoodError
 from redwood.plan.formats import Profile
 from redwood.plan.tree import Tree, star

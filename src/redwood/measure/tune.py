@@ -394,7 +394,7 @@ def prompts_for(loaded: LoadedPair, source: str, count: int | None, quick: bool 
     if quick or loaded.tokenizer is None:
         from redwood.models.tiny_random import random_prompts
 
-        from redwood.decode.engine import as_backend
+        from redwood.decode.request import as_backend
 
         vocab = as_backend(loaded.target).vocab_size
         n = count or QUICK_PROMPTS

@@ -1,0 +1,70 @@
+"""The n-gram drafter's acceptance model: how likely a looked-up continuation is to be what
+the target says next, by match length, depth and rank (decode/ngram_drafter.py's module doc
+says how it is learnt without wasting target time; measure/ngram_calibration.py measures its
+priors per bundle)."""
+from __future__ import annotations
+
+from redwood.decode.ngram_index import TrieNode
+from redwood.errors import RedwoodError
+
+# Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text
+# is being repeated), a short one an accident, so the drafter tells them apart up to
+# ngram_index.MAX_MATCH.
+MATCH_BUCKETS = 7
+MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+")
+DEPTH_BUCKETS = 6            # depths 1..5, 6+
+# Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
+# coin flip, long ones usually repeat. Later siblings start at half (they are checked only
+# after the first was rejected).
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+PRIOR_LATER = 0.5
+PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
+
+
+def match_bucket(match: int) -> int:
+    """0, 1, 2 for matches of 1, 2, 3 tokens; then 3 + log2(match / 4), capped: 4-7 -> 3,
+    8-15 -> 4, 16-31 -> 5, 32+ -> 6."""
+    if match < 4:
+        return max(0, match - 1)
+    return min(MATCH_BUCKETS - 1, 3 + (int(match) // 4).bit_length() - 1)
+
+
+class AcceptanceModel:
+    """Estimated c = P(node accepted | parent accepted, earlier siblings rejected), by
+    key = (greedy, match-length bucket, depth bucket, rank 1 or later), as a Beta-style mean:
+    (accepted + prior · w) / (trials + w).
+
+    calibration: measured counts per key (measure/ngram_calibration.py); a key observed at
+    least CALIBRATED_MIN times there takes its measured rate as its prior, others the guesses."""
+
+    CALIBRATED_MIN = 8
+
+    def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
+                 prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None):
+        if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
+            raise RedwoodError(f"prior_rank1 needs {MATCH_BUCKETS} probabilities in [0, 1]")
+        self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
+        self.prior_weight = float(prior_weight)
+        self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+        self.calibrated = {key: accepted / trials for key, (accepted, trials)
+                           in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
+
+    @staticmethod
+    def key(greedy: bool, node: TrieNode) -> tuple:
+        return (bool(greedy), match_bucket(node.match),
+                min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
+
+    def prior(self, key: tuple) -> float:
+        if key in self.calibrated:
+            return self.calibrated[key]
+        first = self.prior_rank1[key[1]]
+        return first * self.prior_later if key[3] else first
+
+    def rate(self, key: tuple) -> float:
+        accepted, trials = self.counts.get(key, (0.0, 0.0))
+        return (accepted + self.prior(key) * self.prior_weight) / (trials + self.prior_weight)
+
+    def observe(self, key: tuple, accepted: bool) -> None:
+        counts = self.counts.setdefault(key, [0.0, 0.0])
+        counts[0] += float(accepted)
+        counts[1] += 1.0

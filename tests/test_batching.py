@@ -247,11 +247,11 @@ def test_failed_steps_are_undone_then_the_batch_fails(contexts, engine, monkeypa
     real = target.decode
     failures = {"left": 1}
 
-    def flaky(jobs):
+    def flaky(jobs, **options):
         if failures["left"] and any(isinstance(job, TreeNodes) for job in jobs):
             failures["left"] -= 1
             raise RedwoodError("injected decode failure")
-        return real(jobs)
+        return real(jobs, **options)
 
     monkeypatch.setattr(target, "decode", flaky)
     a = sched.submit(BatchRequest(CLEAR_PROMPTS[0], SamplingParams(30), stop_on_eos=False))

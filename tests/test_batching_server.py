@@ -349,8 +349,8 @@ def test_scheduler_turns_plain_when_speculative_steps_cost_more(paths, engine, m
     def costing(ctx, ms):
         decode = ctx.decode
 
-        def timed(jobs):
-            out = decode(jobs)
+        def timed(jobs, **options):
+            out = decode(jobs, **options)
             now[0] += ms(sum(len(j.ids) if isinstance(j, Append) else len(j.nodes)
                              for j in jobs)) / 1000.0
             return out

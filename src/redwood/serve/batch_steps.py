@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from redwood.backends.llamacpp_multi import Append, TreeNodes
 from redwood.decode.draft_model import DraftModelDrafter
+from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.sampling import process_logits, sample_token
 from redwood.decode.verify import verify_greedy, verify_tree
 from redwood.plan.batch_planner import ROOT_ONLY
@@ -136,7 +138,7 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
         jobs.append(Append(live.target_lane, list(ids) + [live.root] * first, int(first)))
     if not jobs:
         return 0, []
-    outs = target.decode(jobs)
+    outs = target.decode(jobs, copy=False)       # views: verify reads them before the next decode
     for w, out in zip(work, outs):
         w.logits = out
     first_work = []
@@ -153,8 +155,10 @@ def verify(scheduler, w: Work) -> list[int]:
     live, params = w.live, w.live.request.params
     if not w.speculative:                      # the root was appended: sample the next token
         logits = w.logits[0]
-        if params.greedy:
-            bonus = int(logits.argmax())
+        if params.greedy:                      # numpy's first maximum, as torch.argmax
+            bonus = int(np.argmax(logits.numpy()))
+        elif PlainSampler.handles(params):     # temperature alone: the in-place sampler
+            bonus = live.plain_sampler.sample(logits.numpy(), params.temperature, live.generator)
         else:
             probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
             bonus = int(sample_token(probs, live.generator))

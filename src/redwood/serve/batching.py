@@ -44,6 +44,7 @@ import torch
 from redwood.backends.llamacpp_multi import MultiSeqContext
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.params import SamplingParams
+from redwood.decode.plain_sampling import PlainSampler
 from redwood.errors import RedwoodError
 from redwood.plan.batch_planner import LiveAcceptance
 from redwood.serve import batch_steps, prefix_reuse
@@ -100,6 +101,9 @@ class Live:
     pending: list[int] = field(default_factory=list)
     # p as learnt from this request's own verified steps (the planner plans with it).
     acceptance: LiveAcceptance | None = None
+    # its plain steps' sampler (decode/plain_sampling.py): its own, so its buffered uniforms
+    # come from this request's generator alone and a seeded request repeats however batched
+    plain_sampler: PlainSampler = field(default_factory=PlainSampler)
 
     def __post_init__(self):
         if self.acceptance is None:

@@ -10,12 +10,12 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import (CONTEXT_BUCKET, MATCH_BUCKETS, AcceptanceModel,
-                                          NgramDrafter)
+from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_drafter import NgramDrafter
 from redwood.errors import RedwoodError
 from redwood.measure import machine_profile as mp
 from redwood.plan.formats import Profile, interpolate_by_context, sample_profile_path
-from redwood.plan.live_costs import LiveCosts
+from redwood.plan.live_costs import CONTEXT_BUCKET, LiveCosts
 from redwood.plan.tree import chain
 from tiny_gguf import tiny_gguf_pair  # noqa: F401  (session fixture)
 

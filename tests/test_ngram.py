@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.engine import Engine
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import MATCH_BUCKETS, AcceptanceModel, NgramDrafter
+from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_drafter import NgramDrafter
 from redwood.decode.ngram_index import Continuation, NgramIndex, build_trie
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star

@@ -10,7 +10,8 @@ import torch
 
 from redwood.cli.main import main
 from redwood.decode.engine import Engine
-from redwood.decode.ngram_drafter import AcceptanceModel, NgramDrafter, ngram_budget_tree
+from redwood.decode.ngram_acceptance import AcceptanceModel
+from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
 from redwood.errors import RedwoodError
 from redwood.measure.ngram_calibration import (NgramCalibration, acceptance_model, calibrate_ngram,
                                                replay)

@@ -227,26 +227,23 @@ class LlamaCppBackend:
         it before then). The plain decoding path: copying a 151,936-float row into a fresh
         tensor and taking torch's argmax cost 0.3 ms of a 36 ms step here; numpy's argmax on
         the view costs 0.01 ms. Only the last chunk yields that row, so the view is current."""
-        if isinstance(ids, list) and len(ids) == 1 and self._step is None and self._ctx:
+        if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], int) \
+                and self._step is None and self._ctx:
             return self._append_one(ids[0])
         out = self._append(ids, 1, copy=False)
         if not out:
             raise RedwoodError("append_logits_view needs at least one token")
         return out[-1][0]
 
-    def _append_one(self, token) -> np.ndarray:
+    def _append_one(self, token: int) -> np.ndarray:
         """append_logits_view of one token (every plain step): the batch's fields set through
         ctypes and the row's view kept while llama.cpp's buffer stays put. The general path's
         dozen small numpy calls cost 0.27 ms outside llama_decode right after a decode (cold
         caches), this 0.1 ms; same checks, same batch, same row."""
-        token = int(token)
         if not 0 <= token < self.vocab_size:
-            raise RedwoodError(f"token id {token} is out of range for {self.name} "
-                               f"(vocabulary of {self.vocab_size} tokens)")
+            raise self._out_of_range(token)
         self._check_room(1, "appending 1 token")
-        batch = self._batch.batch
-        batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, self._length, 1
-        batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
+        self._batch.fill_one(token, self._length)
         try:
             self._decode(f"appending 1 token at position {self._length}")
         except BaseException:
@@ -402,9 +399,12 @@ class LlamaCppBackend:
             raise RedwoodError(f"token ids must be integers, got dtype {ids.dtype}")
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]
         if bad.size:
-            raise RedwoodError(f"token id {int(bad[0])} is out of range for {self.name} "
-                               f"(vocabulary of {self.vocab_size} tokens)")
+            raise self._out_of_range(int(bad[0]))
         return ids.astype(np.int32)
+
+    def _out_of_range(self, token: int) -> RedwoodError:
+        return RedwoodError(f"token id {token} is out of range for {self.name} "
+                            f"(vocabulary of {self.vocab_size} tokens)")
 
     def _check_nodes(self, step: dict, nodes: list[int]) -> None:
         parents, ran = step["layout"].parents, step["ran"]

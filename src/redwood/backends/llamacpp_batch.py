@@ -48,6 +48,14 @@ class NativeBatch:
         self.logits = view(self.batch.logits, shape=(capacity,))
         self.seq_rows = [view(self.batch.seq_id[i], shape=(n_seq_max,)) for i in range(capacity)]
 
+    def fill_one(self, token: int, position: int) -> None:
+        """fill_causal([token], position, 1) through ctypes alone: a plain step's batch, where
+        fill_causal's small numpy writes cost more than the step's other Python around a
+        decode (their code is cold right after one)."""
+        batch = self.batch
+        batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
+        batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
+
     def fill_causal(self, ids: np.ndarray, start: int, outputs: int) -> None:
         """ids at positions start.. in sequence 0; logits for the last `outputs` of them."""
         n = len(ids)

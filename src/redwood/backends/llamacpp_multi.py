@@ -279,9 +279,10 @@ class MultiSeqContext:
             raise
         for p in prepared:
             self._commit(p)
-        rows = int(outputs.sum())
-        logits = None if not rows else self.backend._logits(rows) if copy else \
-            torch.from_numpy(self.backend._logits_view(rows))
+        rows, logits = int(outputs.sum()), None
+        if rows:
+            logits = self.backend._logits(rows) if copy else \
+                torch.from_numpy(self.backend._logits_view(rows))
         start = 0
         for i, p in enumerate(prepared):
             kept = np.flatnonzero(p.outputs)          # this job's output rows, batch order

@@ -165,7 +165,7 @@ def _pooled_figures(group) -> dict:
 
 def speculation_table(figures: dict, labels) -> str:
     """Markdown: one row per (set, method) with speculation figures; labels: the match-length
-    buckets in order (decode.ngram_drafter.MATCH_LABELS)."""
+    buckets in order (decode.ngram_acceptance.MATCH_LABELS)."""
     lines = ["| set | method | tokens / target forward | predicted / observed tokens per step "
              "| draft acceptance | n-gram drafts kept by match length (" + ", ".join(labels)
              + ") |", "|---|---|---|---|---|---|"]

@@ -14,7 +14,7 @@ from redwood.bench.server_bench import ServerBenchConfig, run_requests, start_se
 from redwood.bench.server_report import (markdown_table, ratios, speculation_figures,
                                          speculation_table, stray_rounds)
 from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
-from redwood.decode.ngram_drafter import MATCH_LABELS
+from redwood.decode.ngram_acceptance import MATCH_LABELS
 from redwood.errors import RedwoodError
 
 DEFAULT_LLAMA_SERVER = Path(".venv/llama-server/build/bin/llama-server")
@@ -161,7 +161,7 @@ def render_markdown(doc: dict) -> str:
              f"- llama-server build: {doc['llama_server_build']}",
              f"- {doc['config']['rounds']} rounds, methods rotating per prompt, natural stop "
              f"(max_tokens {doc['config']['max_tokens']}), one request at a time", "",
-             f"## Results", "",
+             "## Results", "",
              f"× plain llama-server, end to end (its request time over the method's, prefill "
              f"included; answers of another length compared at the method's length with "
              f"llama-server's decode cost per token), from each method's fastest round per "

@@ -25,7 +25,7 @@ def ngram_prompts(pair, source: str, count: int | None, quick: bool):
 
 def summary_lines(calibration) -> list[str]:
     """Measured rank-1 acceptance by match length (depth 1), greedy and sampled."""
-    from redwood.decode.ngram_drafter import MATCH_LABELS
+    from redwood.decode.ngram_acceptance import MATCH_LABELS
 
     lines = []
     for greedy in (True, False):

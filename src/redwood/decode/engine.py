@@ -24,9 +24,9 @@ from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.plain_sampling import PlainSampler
-from redwood.decode.request import (METHODS, as_backend, as_tree, check_request,  # noqa: F401
-                                    check_same_vocab, finish_drafters, match_counts,
-                                    method_tree, set_for_request)
+from redwood.decode.request import (as_backend, as_tree, check_request, check_same_vocab,
+                                    finish_drafters, match_counts, method_tree,
+                                    set_for_request)
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.decode.stream import DecodeOptions, DecodeState, Stream
 from redwood.errors import RedwoodError

@@ -47,9 +47,7 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import (DEPTH_BUCKETS, MATCH_BUCKETS,  # noqa: F401
-                                             MATCH_LABELS, PRIOR_LATER, PRIOR_RANK1,
-                                             PRIOR_WEIGHT, AcceptanceModel, match_bucket)
+from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, match_bucket
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError

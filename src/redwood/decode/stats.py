@@ -55,6 +55,10 @@ class StepStats:
                 "predicted_tokens_per_step": self.predicted_tokens / self.predicted_steps,
                 "observed_tokens_per_step": self.predicted_steps_tokens / self.predicted_steps}
 
+    def match_counts(self) -> dict[str, list[int]]:
+        """A copy of acceptance_by_match (the drafter keeps filling the live one)."""
+        return {label: list(counts) for label, counts in self.acceptance_by_match.items()}
+
     def acceptance_by_depth(self) -> list[float]:
         """Fraction of steps that accepted a draft token at depth 1, 2, ... of the tree."""
         if not self.target_forwards:
@@ -100,5 +104,5 @@ class GenerationResult:
             "accepted_by_source": dict(self.stats.accepted_by_source),
             "governor": dict(self.stats.governor),
             "predicted_vs_observed": self.stats.predicted_vs_observed(),
-            "acceptance_by_match": {k: list(v) for k, v in self.stats.acceptance_by_match.items()},
+            "acceptance_by_match": self.stats.match_counts(),
         }

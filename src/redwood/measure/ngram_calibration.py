@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from redwood.decode.ngram_drafter import (COPY_DEPTH, MATCH_BUCKETS, AcceptanceModel, NgramDrafter,
-                                          ngram_budget_tree, tree_limits)
+from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree, tree_limits
 from redwood.errors import RedwoodError
 
 FORMAT = 2
 # Format 1 bucketed match lengths 1, 2, 3, 4+; format 2 splits 4+ into 4-7, 8-15, 16-31, 32+
-# (decode/ngram_drafter.match_bucket). A format-1 file still loads: its 4+ counts become the
+# (decode/ngram_acceptance.match_bucket). A format-1 file still loads: its 4+ counts become the
 # prior of each of the four longer buckets.
 _FORMAT1_LONG = 3
 

@@ -188,8 +188,7 @@ class GenerationWorker:
                                governor={k: round(v, 6) if isinstance(v, float) else v
                                          for k, v in result.stats.governor.items()},
                                predicted_vs_observed=result.stats.predicted_vs_observed(),
-                               acceptance_by_match={k: list(v) for k, v in
-                                                    result.stats.acceptance_by_match.items()})
+                               acceptance_by_match=result.stats.match_counts())
             self.metrics.observe_prediction(result.stats)
             self.metrics.cached_prompt_tokens.inc(result.stats.cached_prompt_tokens)
             if req.cache_prompt:

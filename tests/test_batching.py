@@ -170,6 +170,54 @@ def test_refused_before_any_native_call(contexts, monkeypatch):
     assert_all_free(ctx)
 
 
+def test_one_token_per_lane_takes_the_short_path_with_the_same_rows_and_checks(contexts):
+    """A plain batched step (one token and its row per lane, Python ints) fills the batch
+    through ctypes: its rows equal the general path's (numpy ids take that one), it commits
+    the same bookkeeping, and it refuses the same bad input before any native call."""
+    ctx = contexts[0]
+    prompts = CLEAR_PROMPTS[:2]
+    lanes = [ctx.acquire() for _ in range(4)]
+    try:
+        ctx.decode([Append(lane, prompts[i % 2]) for i, lane in enumerate(lanes)])
+        ctx._prepare = None                                   # the general path's first step
+        try:
+            short = ctx.decode([Append(lanes[0], [7], rows=1), Append(lanes[1], [9], rows=1)])
+        finally:
+            del ctx._prepare
+        general = ctx.decode([Append(lanes[2], [np.int64(7)], rows=1),
+                              Append(lanes[3], np.array([9]), rows=1)])
+        for a, b in zip(short, general):
+            assert a.shape == b.shape == (1, ctx.vocab_size)
+            assert (a - b).abs().max() <= TOL
+        assert [lane.length for lane in lanes] == [len(prompts[0]) + 1, len(prompts[1]) + 1] * 2
+        assert lanes[0].tokens == lanes[2].tokens and lanes[0].tokens[-1] == 7
+        views = ctx.decode([Append(lanes[0], [3], rows=1)], copy=False)
+        copies = ctx.decode([Append(lanes[2], [3], rows=1)])
+        assert (views[0] - copies[0]).abs().max() <= TOL      # read before the next decode
+    finally:
+        for lane in lanes:
+            ctx.release(lane)
+    a, b = ctx.acquire(), ctx.acquire()
+    calls = []
+    real = ctx.backend._decode
+    ctx.backend._decode = lambda what: calls.append(what)
+    try:
+        with pytest.raises(RedwoodError, match="out of range"):
+            ctx.decode([Append(a, [1], rows=1), Append(b, [600], rows=1)])
+        ctx.release(b)
+        with pytest.raises(RedwoodError, match="not held"):
+            ctx.decode([Append(a, [1], rows=1), Append(b, [1], rows=1)])
+        a.length = ctx.n_ctx
+        with pytest.raises(RedwoodError, match="KV cache full"):
+            ctx.decode([Append(a, [1], rows=1)])
+        a.length = 0
+    finally:
+        ctx.backend._decode = real
+        ctx.release(a)
+    assert calls == [] and a.length == 0 and a.tokens == []
+    assert_all_free(ctx)
+
+
 # -- 2. batched output equals each request alone ----------------------------------------------
 
 @pytest.mark.parametrize("planner", ["fixed", "batch"])

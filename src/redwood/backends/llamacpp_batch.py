@@ -56,6 +56,15 @@ class NativeBatch:
         batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
         batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
 
+    def fill_tokens(self, rows) -> None:
+        """fill_one for several sequences: rows of (token, position, sequence id), one token
+        each, logits for every row (a batched plain step: one token per request)."""
+        batch = self.batch
+        for i, (token, position, seq) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, 1
+        batch.n_tokens = len(rows)
+
     def fill_causal(self, ids: np.ndarray, start: int, outputs: int) -> None:
         """ids at positions start.. in sequence 0; logits for the last `outputs` of them."""
         n = len(ids)

@@ -33,6 +33,8 @@ def test_llama_server_command_lines():
     assert draft[draft.index("--spec-type") + 1] == "draft-simple"
     assert draft[draft.index("--spec-draft-p-min") + 1] == "0.75"
     assert "--spec-default" in command(METHODS["llama-server-spec-default"], SETUP, 1)
+    again = command(METHODS["llama-server-again"], SETUP, 8124)   # A/A: the same server
+    assert again[:again.index("--port") + 1] == plain[:plain.index("--port") + 1]
     slots = command(METHODS["llama-server"], ServerSetup("t", "d", 2, 8192, "/bin/ls", slots=8), 1)
     assert slots[slots.index("-np") + 1] == "8" and slots[slots.index("-c") + 1] == "8192"
 

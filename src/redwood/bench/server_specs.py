@@ -27,6 +27,8 @@ class ServerMethod:
 
 METHODS = {m.name: m for m in (
     ServerMethod("llama-server", "llama-server", (), "llama-server, plain decoding (its defaults)"),
+    ServerMethod("llama-server-again", "llama-server", (),
+                 "llama-server, plain, a second instance (A/A: the bench's own noise floor)"),
     ServerMethod("llama-server-spec-default", "llama-server", ("--spec-default",),
                  "llama-server --spec-default (ngram-mod: n-match 24, n-min 48, n-max 64)"),
     ServerMethod("llama-server-ngram-map-k", "llama-server", ("--spec-type", "ngram-map-k"),

@@ -3,10 +3,13 @@ everything redwood does around it (the logits row copy, sampling, the engine's P
 
     python benchmarks/plain_path.py                       # shipped pair, 3 HumanEval prompts x 128 tokens
     python benchmarks/plain_path.py --prompts 2 --tokens 64 --repeats 2
+    python benchmarks/plain_path.py --batched             # the server's default: the batch scheduler
 
 Each plain step is one `llama_decode` of one token; the benchmark wraps the backend's
 `llama_decode` and its logits copy with timers and runs redwood's engine autoregressively
-(greedy, EOS ignored, the prompt prefilled first and excluded). "outside" = the step's wall
+(greedy, EOS ignored, the prompt prefilled first and excluded); --batched runs `redwood
+serve`'s default instead, the continuous-batching scheduler, with one request at a time (its
+planner finds no tree that pays on a 2-core CPU, so every step is plain). "outside" = the step's wall
 time minus its llama_decode time: what a C++ loop around the same call would not pay. Target
 (issue: never slower than llama-server): outside <= 1.5 % of a plain step. Writes JSON under
 benchmarks/results/.
@@ -59,12 +62,58 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--batched", action="store_true",
+                        help="time the server's batch scheduler instead of the engine")
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
+    rows, threads = (batched_rows if args.batched else engine_rows)(args)
+    write(args, rows, threads)
+    return 0
 
-    import torch
 
-    from redwood.bench.server_run import cpu_description
+def row(repeat: int, prompt: int, n: int, wall: float, decode: float, copy: float) -> dict:
+    r = {"repeat": repeat, "prompt": prompt, "steps": n, "wall_ms": 1e3 * wall / n,
+         "decode_ms": 1e3 * decode / n, "logits_copy_ms": 1e3 * copy / n,
+         "outside_ms": 1e3 * (wall - decode) / n, "load_average": os.getloadavg()[0]}
+    print(f"repeat {repeat} prompt {prompt}: {r['wall_ms']:.2f} ms/step, llama_decode "
+          f"{r['decode_ms']:.2f}, outside {r['outside_ms']:.3f} "
+          f"({100 * r['outside_ms'] / r['wall_ms']:.2f} %), of which the logits copy "
+          f"{r['logits_copy_ms']:.3f}", file=sys.stderr)
+    return r
+
+
+def batched_rows(args) -> tuple[list, int]:
+    """The batch scheduler, one request at a time: each request's prompt is prefilled (and
+    its first token sampled) before the timed steps start."""
+    from redwood.decode.params import SamplingParams
+    from redwood.prompts import encode_prompt, humaneval_prompts
+    from redwood.serve.batch_setup import load_batch_scheduler
+    from redwood.serve.batching import BatchRequest
+
+    scheduler, tokenizer = load_batch_scheduler(progress=False, prefix_cache=False)
+    backend = scheduler.target.backend
+    timed = TimedLlama(backend._llama)
+    backend._llama = timed
+    prompts = [encode_prompt(tokenizer, p).tolist()
+               for p in humaneval_prompts("evaluation", limit=args.prompts)]
+    rows = []
+    for repeat in range(args.repeats):
+        for i, ids in enumerate(prompts):
+            request = scheduler.submit(BatchRequest(ids, SamplingParams(
+                args.tokens, args.temperature, seed=repeat), stop_on_eos=False))
+            while not request.tokens:                    # prefill and the first token
+                scheduler.step()
+            timed.seconds, timed.calls = 0.0, 0
+            start = time.perf_counter()
+            while scheduler.step():
+                pass
+            rows.append(row(repeat, i, timed.calls, time.perf_counter() - start,
+                            timed.seconds, 0.0))
+    return rows, backend.n_threads
+
+
+def engine_rows(args) -> tuple[list, int]:
+    """The engine autoregressively: the prefill's token is excluded from the timed steps."""
     from redwood.decode.engine import Engine
     from redwood.models.runtime import load_models
     from redwood.plan.tree import Tree
@@ -92,34 +141,32 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             for _ in steps:
                 pass
-            wall = time.perf_counter() - start
-            n = timed.calls
-            rows.append({"repeat": repeat, "prompt": i, "steps": n, "wall_ms": 1e3 * wall / n,
-                         "decode_ms": 1e3 * timed.seconds / n,
-                         "logits_copy_ms": 1e3 * totals.get("_logits", 0.0) / n,
-                         "outside_ms": 1e3 * (wall - timed.seconds) / n,
-                         "load_average": os.getloadavg()[0]})
-            r = rows[-1]
-            print(f"repeat {repeat} prompt {i}: {r['wall_ms']:.2f} ms/step, llama_decode "
-                  f"{r['decode_ms']:.2f}, outside {r['outside_ms']:.3f} "
-                  f"({100 * r['outside_ms'] / r['wall_ms']:.2f} %), of which the logits copy "
-                  f"{r['logits_copy_ms']:.3f}", file=sys.stderr)
+            rows.append(row(repeat, i, timed.calls, time.perf_counter() - start,
+                            timed.seconds, totals.get("_logits", 0.0)))
+    return rows, target.n_threads
+
+
+def write(args, rows: list, threads: int) -> None:
+    import torch
+
+    from redwood.bench.server_run import cpu_description
+
     share = [r["outside_ms"] / r["wall_ms"] for r in rows]
     doc = {"cpu": cpu_description(), "torch_threads": torch.get_num_threads(),
-           "llama_threads": target.n_threads, "tokens": args.tokens,
+           "llama_threads": threads, "batched": args.batched, "tokens": args.tokens,
            "temperature": args.temperature, "rows": rows,
            "outside_share_median": statistics.median(share), "outside_share_max": max(share),
            "outside_ms_median": statistics.median(r["outside_ms"] for r in rows),
            "step_ms_median": statistics.median(r["wall_ms"] for r in rows)}
     doc["cpu"].pop("flags")
-    out = Path(args.out_dir) / (f"plain-path-T{args.temperature:g}-"
+    kind = "plain-path-batched" if args.batched else "plain-path"
+    out = Path(args.out_dir) / (f"{kind}-T{args.temperature:g}-"
                                 f"{datetime.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"outside llama_decode: median {100 * doc['outside_share_median']:.2f} % of a plain "
           f"step ({doc['outside_ms_median']:.3f} of {doc['step_ms_median']:.2f} ms), max "
           f"{100 * doc['outside_share_max']:.2f} %; wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

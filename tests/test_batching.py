@@ -323,14 +323,14 @@ CHI_PROMPT = [72, 101, 108, 108, 111]
 CHI_DRAWS = 1500
 
 
-def joint_law(backend, temperature) -> dict:
+def joint_law(backend, temperature, prompt=CHI_PROMPT) -> dict:
     """{(first, second): probability} of the target alone, from fresh prefills."""
     backend.reset()
-    first = process_logits(backend.append(CHI_PROMPT)[0], temperature).double()
+    first = process_logits(backend.append(prompt)[0], temperature).double()
     law = {}
     for a in torch.nonzero(first > 1e-9).flatten().tolist():
         backend.reset()
-        second = process_logits(backend.append(CHI_PROMPT + [a])[0], temperature).double()
+        second = process_logits(backend.append(prompt + [a])[0], temperature).double()
         for b in torch.nonzero(second > 0).flatten().tolist():
             law[(a, b)] = float(first[a] * second[b])
     return law

@@ -21,6 +21,7 @@ from redwood.backends.llamacpp_multi import MultiSeqContext  # noqa: E402
 from redwood.decode.params import SamplingParams  # noqa: E402
 from redwood.plan.batch_planner import BatchPlanner, LiveAcceptance  # noqa: E402
 from redwood.plan.formats import Profile  # noqa: E402
+from redwood.errors import RedwoodError  # noqa: E402
 from redwood.serve.app import ServerConfig, create_app  # noqa: E402
 from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, P, assert_all_free, context, engine,  # noqa: E402,F401
@@ -176,6 +177,17 @@ def test_load_batch_scheduler_for_the_cli(paths, tmp_path, monkeypatch):
         assert sorted(scheduler.planner.profile.target_ms) == batch_sizes(32)
         assert scheduler.planner.profile.extra["machine_key"]["method"] == PROFILE_METHOD
         assert len(tok) == scheduler.target.vocab_size
+        scheduler, _ = load_batch_scheduler(max_batch=2, drafter="ngram", ngram_memory=500,
+                                            **options)
+        made.append(scheduler)
+        assert scheduler.draft is None and scheduler.ngram.memory.max_tokens == 500
+        assert 1 in scheduler.ngram.profile.target_ms_by_context[128]    # the engine's profile
+        assert scheduler.max_nodes == scheduler.ngram.max_nodes > 1      # reserved per request
+        request = scheduler.submit(BatchRequest([5, 6, 7], SamplingParams(8), stop_on_eos=False))
+        scheduler.run(100)
+        assert request.finish_reason == "length" and len(request.tokens) == 8
+        with pytest.raises(RedwoodError, match="draft model or by prompt lookup"):
+            load_batch_scheduler(max_batch=2, drafter="hybrid", **options)
         monkeypatch.setattr(profile_module, "profile_latency",
                             lambda *a, **k: pytest.fail("the cached profile was not reused"))
         scheduler, _ = load_batch_scheduler(max_batch=2, **options)
@@ -203,6 +215,8 @@ def test_serve_refuses_a_bad_max_batch(capsys):
 
     assert main(["serve", "--max-batch", "0"]) == 2
     assert "--max-batch must be at least 1" in capsys.readouterr().err
+    assert main(["serve", "--max-batch", "4", "--drafter", "hybrid"]) == 2
+    assert "use --max-batch 1 with --drafter hybrid" in capsys.readouterr().err
 
 
 # -- what the batch is planned with ------------------------------------------------------------

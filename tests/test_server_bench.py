@@ -12,7 +12,7 @@ from redwood.bench.http_client import complete, get_json
 from redwood.bench.prompt_sets import BenchPrompt
 from redwood.bench.server_bench import Record, ServerBenchConfig, request_body, run_requests
 from redwood.bench.server_process import ServerProcess, free_port
-from redwood.bench.server_report import markdown_table, ratios, stray_rounds
+from redwood.bench.server_report import markdown_table, noise_floor, ratios, stray_rounds
 from redwood.bench.server_specs import METHODS, ServerSetup, check_methods, command
 from redwood.errors import RedwoodError
 from stub_openai import serve_in_thread
@@ -132,6 +132,17 @@ def test_interleaved_rounds_and_ratios_against_stubs():
 
 def _record(round_, method, wall, tokens=10):
     return Record(round_, "chat", "p0", 0.0, method, 0, 5, wall, tokens, "stop", None, "t", 1.0)
+
+
+def test_the_a_a_control_gives_the_noise_floor_line():
+    def record(prompt, method, wall):
+        return Record(0, "chat", prompt, 0.0, method, 0, 5, wall, 10, "stop", None, "t", 1.0)
+
+    records = [record("p0", "llama-server", 1.0), record("p0", "llama-server-again", 1.05),
+               record("p1", "llama-server", 1.0), record("p1", "llama-server-again", 0.9)]
+    assert noise_floor(ratios(records[::2] + [record("p0", "redwood", 1.0)])) is None
+    line = noise_floor(ratios(records))
+    assert "chat T 0: 1.03 (0.95, best 1.11)" in line and "0.95-1.11" in line
 
 
 def test_stray_rounds_flagged():

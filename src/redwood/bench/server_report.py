@@ -200,3 +200,22 @@ def markdown_table(summary: dict, methods: list[str], sets: list[str], temperatu
         label = METHODS[method].description if method in METHODS else method
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+AGAIN = "llama-server-again"
+
+
+def noise_floor(summary: dict) -> str | None:
+    """A line on the A/A control (a second plain llama-server), None without it: the spread
+    of its per-prompt ratios is what this run cannot tell apart from 1.00."""
+    entries = [(s, t, e) for (s, t, m), e in sorted(summary.items()) if m == AGAIN]
+    if not entries:
+        return None
+    cells = ", ".join(f"{s} T {t:g}: {e['min']['median']:.2f} ({e['min']['worst']:.2f}, best "
+                      f"{max(e['min']['per_prompt']):.2f})" for s, t, e in entries)
+    low = min(e["min"]["worst"] for _, _, e in entries)
+    high = max(max(e["min"]["per_prompt"]) for _, _, e in entries)
+    return (f"A/A noise floor: a second plain llama-server, timed like every method, measured "
+            f"{cells} (median (worst, best) prompt). Per-prompt ratios of {low:.2f}-{high:.2f} "
+            "are what this run measures for two identical servers.")
+

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from redwood.bench.server_bench import ServerBenchConfig, run_requests, start_servers, stop_servers
-from redwood.bench.server_report import (markdown_table, ratios, speculation_figures,
-                                         speculation_table, stray_rounds)
+from redwood.bench.server_report import (markdown_table, noise_floor, ratios,
+                                         speculation_figures, speculation_table, stray_rounds)
 from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
 from redwood.decode.ngram_acceptance import MATCH_LABELS
 from redwood.errors import RedwoodError
@@ -113,6 +113,7 @@ def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> 
         "methods": {n: METHODS[n].description for n in names}, "baseline": BASELINE,
         "prompt_sets": sets, "notes": notes, "llama_server_build": _build_info(setup),
         "stray_rounds": stray_rounds(records), "speculation": speculation_figures(records),
+        "noise_floor": noise_floor(summary),
         "table": markdown_table(summary, names, list(config.prompt_sets), config.temperatures),
         # llama-server's ngram-mod keeps one hash pool across requests, so from the second
         # round on it has seen every answer before: the first round is what a prompt it has
@@ -170,6 +171,8 @@ def render_markdown(doc: dict) -> str:
         lines += ["The first round alone (every request new to every server; llama-server's "
                   "ngram-mod and redwood's n-gram learning carry over between requests):", "",
                   doc["first_round_table"], ""]
+    if doc.get("noise_floor"):
+        lines += [doc["noise_floor"], ""]
     if doc["stray_rounds"]:
         lines += ["Rounds whose plain llama-server rate strayed > 10 % from its median: "
                   + ", ".join(f"round {s['round']} ({s['baseline_tokens_per_s']:.1f} vs "

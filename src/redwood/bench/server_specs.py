@@ -41,6 +41,8 @@ METHODS = {m.name: m for m in (
                  ("--spec-type", "draft-simple", "--spec-draft-p-min", "0.75"),
                  "llama-server -md DRAFT --spec-type draft-simple --spec-draft-p-min 0.75", True),
     ServerMethod("redwood", "redwood", (), "redwood serve (its defaults: continuous batching)"),
+    ServerMethod("redwood-ngram-batched", "redwood", ("--drafter", "ngram"),
+                 "redwood serve --drafter ngram (continuous batching, prompt-lookup drafts)"),
     ServerMethod("redwood-batch1", "redwood", ("--max-batch", "1"),
                  "redwood serve --max-batch 1 (the shipped bundle, governed)"),
     ServerMethod("redwood-ngram", "redwood", ("--max-batch", "1", "--drafter", "ngram"),

@@ -225,7 +225,9 @@ def _add_serve(sub):
     p.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help="llama.cpp backend: serve up to N requests at once in one batch, with "
                    "trees planned for the batch (default: from this machine's profile, at most "
-                   "16); 1 = one request at a time. The transformers backend serves one at a time")
+                   "16; with --drafter ngram 16, each request's prompt-lookup drafter sizing its "
+                   "own trees); 1 = one request at a time (needed for --drafter hybrid|auto). "
+                   "The transformers backend serves one at a time")
     p.add_argument("--no-prompt-cache", action="store_true",
                    help="prefill every prompt in full (default: reuse the KV of the longest "
                    "cached prefix, as llama-server's cache_prompt: batched, finished requests' "
@@ -285,24 +287,29 @@ def _cmd_serve(args):
         raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.cache_tokens is not None and args.cache_tokens < 0:
         raise RedwoodError(f"--cache-tokens must be at least 0, got {args.cache_tokens}")
-    if args.drafter != "model" and backend == "llamacpp" and args.max_batch not in (None, 1):
-        raise RedwoodError("continuous batching drafts with the draft model; use --max-batch 1 "
-                           f"with --drafter {args.drafter} (one request at a time)")
-    if backend == "llamacpp" and args.max_batch != 1 and args.drafter == "model":
+    if args.ngram_memory < 0:
+        raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
+    batched_drafters = ("model", "ngram")
+    if args.drafter not in batched_drafters and backend == "llamacpp" \
+            and args.max_batch not in (None, 1):
+        raise RedwoodError("continuous batching drafts with the draft model or by prompt lookup "
+                           f"(ngram); use --max-batch 1 with --drafter {args.drafter} (one "
+                           "request at a time)")
+    if backend == "llamacpp" and args.max_batch != 1 and args.drafter in batched_drafters:
         from redwood.serve.batch_setup import load_batch_scheduler
 
         engine, tokenizer = load_batch_scheduler(args.model, args.target, args.draft, args.tree,
                                                  args.max_batch, args.method,
                                                  prefix_cache=not args.no_prompt_cache,
-                                                 cache_tokens=args.cache_tokens)
+                                                 cache_tokens=args.cache_tokens,
+                                                 drafter=args.drafter,
+                                                 ngram_memory=args.ngram_memory)
         bundle = None
         print(f"redwood serve: continuous batching of up to {engine.max_batch} requests",
               file=sys.stderr)
     else:
         engine, tokenizer = load_engine(model_config)
         engine.prompt_cache = not args.no_prompt_cache
-        if args.ngram_memory < 0:
-            raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
         from redwood.cli.textgen import attach_ngram_memory
 
         attach_ngram_memory(engine, args.ngram_memory)

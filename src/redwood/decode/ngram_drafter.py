@@ -181,6 +181,11 @@ class NgramDrafter:
         if self._proposed:
             self._count_by_match(accepted)
 
+    def withdraw(self) -> None:
+        """The last proposal is not run (the caller found no room for it): it counts in no
+        match-length figure; commit_tokens([]) then closes the step as a plain one."""
+        self._proposed = []
+
     def _count_by_match(self, accepted: list[int]) -> None:
         """match_counts: each proposed node counts as proposed under its match length, and
         as accepted when it is on the path of accepted tokens."""

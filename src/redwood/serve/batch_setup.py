@@ -111,17 +111,23 @@ def acceptance_by_temperature(bundle=None):
 def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_batch=None,
                          method: str = "sequoia", progress: bool = True,
                          n_threads: int | None = None, cache_dir=None, prefix_cache: bool = True,
-                         cache_tokens: int | None = None):
+                         cache_tokens: int | None = None, drafter: str = "model",
+                         ngram_memory: int = 0):
     """(scheduler, tokenizer) for the shipped pair `model` or explicit GGUF paths.
 
     tree: None or a bundle dir / "auto" (the batch planner, with the bundle's acceptance
     vectors), or a tree JSON (that tree for every request). method "autoregressive": plain
     batched decoding, no draft loaded. max_batch None: from this machine's profile (16 lanes
     are made; without speculation all 16 are used; idle lanes hold cached prefixes).
-    prefix_cache / cache_tokens: BatchScheduler's."""
+    prefix_cache / cache_tokens: BatchScheduler's. drafter "ngram": draft by prompt lookup
+    (serve/batch_ngram.py; the draft model is loaded only to find or take this machine's
+    profile), with a memory of earlier answers of ngram_memory tokens (0 = none)."""
     from redwood.backends.llamacpp_multi import MultiSeqContext
     from redwood.models.hf_loading import load_tokenizer
 
+    if drafter not in ("model", "ngram"):
+        raise RedwoodError(f"continuous batching drafts with the draft model or by prompt "
+                           f"lookup (ngram), not {drafter!r}; use --max-batch 1 for it")
     target, draft, tokenizer_source, pair = _model_paths(model, target, draft, progress)
     fixed, bundle = _trees(tree, pair)                      # checked before minutes of loading
     lanes = max_batch or MAX_LANES
@@ -130,18 +136,43 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
     contexts = []
     try:
         contexts.append(MultiSeqContext.load(target, lanes, leaves, n_ctx, N_BATCH, n_threads))
-        if method != "autoregressive":
+        ngram = None
+        if method != "autoregressive" and drafter == "ngram":
+            ngram = _ngram_drafting(contexts[0], draft, bundle, ngram_memory, progress,
+                                    cache_dir)
+            max_batch = max_batch or lanes
+        elif method != "autoregressive":
             contexts.append(MultiSeqContext.load(draft, lanes, leaves, n_ctx, N_BATCH, n_threads))
         planner, max_batch = _planner(contexts, fixed, max_batch, progress, cache_dir)
         scheduler = BatchScheduler(contexts[0], contexts[1] if len(contexts) > 1 else None,
                                    planner, acceptance_by_temperature(bundle), max_batch,
                                    prefix_cache=prefix_cache, cache_tokens=cache_tokens,
-                                   lone_prefill_chunk=N_BATCH)
+                                   lone_prefill_chunk=N_BATCH, ngram=ngram)
         return scheduler, load_tokenizer(tokenizer_source)
     except BaseException:
         for ctx in contexts:
             ctx.close()
         raise
+
+
+def _ngram_drafting(target, draft_path, bundle, memory_tokens: int, progress, cache_dir):
+    """The batch's prompt-lookup drafting: this machine's profile of the target (the one the
+    single-request n-gram drafter uses, cached per machine and pair: the draft model is
+    loaded for its key and, on first use, its measurement), the bundle's n-gram priors."""
+    from redwood.backends.llamacpp import LlamaCppBackend
+    from redwood.decode.ngram_memory import NgramMemory
+    from redwood.measure.machine_profile import machine_profile
+    from redwood.measure.ngram_calibration import acceptance_model
+    from redwood.serve.batch_ngram import BatchNgramDrafting
+
+    draft = LlamaCppBackend(draft_path, n_ctx=4096, n_threads=target.backend.n_threads)
+    try:
+        profile = machine_profile(target.backend, draft, cache_dir=cache_dir, progress=progress)
+    finally:
+        draft.close()
+        target.backend.reset()
+    memory = NgramMemory(max_tokens=memory_tokens) if memory_tokens > 0 else None
+    return BatchNgramDrafting(profile, lambda: acceptance_model(bundle), memory)
 
 
 def _model_paths(model, target, draft, progress):

@@ -37,6 +37,8 @@ class Work:
     catch_up: bool = False                    # planned a tree, but its draft lags: root only
     logits: torch.Tensor | None = None        # [n, V] target logits after each node
     path: list | None = None                  # accepted nodes from the root (verify)
+    point_mass: torch.Tensor | None = None    # [n] bool: n-gram nodes (batch_ngram.py)
+    proposed: bool = False                    # its n-gram drafter proposed this step
 
     @property
     def speculative(self) -> bool:
@@ -138,7 +140,9 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
         jobs.append(Append(live.target_lane, list(ids) + [live.root] * first, int(first)))
     if not jobs:
         return 0, []
+    start = scheduler.clock()
     outs = target.decode(jobs, copy=False)       # views: verify reads them before the next decode
+    scheduler.last_decode_seconds = scheduler.clock() - start
     for w, out in zip(work, outs):
         w.logits = out
     first_work = []
@@ -171,11 +175,12 @@ def verify(scheduler, w: Work) -> list[int]:
     else:
         probs = process_logits(w.logits, params.temperature, params.top_k, params.top_p)
         path, bonus = verify_tree(probs, w.draft_probs, w.tokens, tree,
-                                  live.chooser.replacement, live.generator)
+                                  live.chooser.replacement, live.generator, w.point_mass)
     w.path = [int(u) for u in path]
     scheduler.target.keep_path(live.target_lane, path)
-    scheduler.draft.keep_path(live.draft_lane, [u for u in path[1:] if u in w.ran])
-    live.pending = [int(w.tokens[u]) for u in path[1:] if u not in w.ran]
+    if live.draft_lane is not None:
+        scheduler.draft.keep_path(live.draft_lane, [u for u in path[1:] if u in w.ran])
+        live.pending = [int(w.tokens[u]) for u in path[1:] if u not in w.ran]
     return [int(w.tokens[u]) for u in path[1:]] + [int(bonus)]
 
 

@@ -125,6 +125,8 @@ class _Client:
             "tokens_per_target_forward": round(sum(steps) / forwards, 4) if forwards else 0.0,
             "acceptance_by_depth": [round(c / forwards, 4) for c in reached],
             "mean_tree_nodes": round(sum(sizes) / len(sizes), 4) if sizes else 0.0}
+        if request.match_counts is not None:
+            speculative["acceptance_by_match"] = request.match_counts
         self.metrics.cached_prompt_tokens.inc(request.cached_tokens)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(request.prompt), completion_tokens=self.text.n_tokens,
@@ -213,7 +215,8 @@ class BatchWorker:
             client = _Client(job, self.tokenizer, self.metrics, self.method)
             request = BatchRequest(list(req.prompt_ids), req.sampling, self.method,
                                    on_tokens=client.on_tokens, on_finish=self._finisher(client),
-                                   cache_prompt=req.cache_prompt)
+                                   cache_prompt=req.cache_prompt,
+                                   ngram_memory=req.ngram_memory)
             self.metrics.prompt_tokens.inc(len(req.prompt_ids))
             try:
                 self.scheduler.submit(request)

@@ -47,7 +47,7 @@ from redwood.decode.params import SamplingParams
 from redwood.decode.plain_sampling import PlainSampler
 from redwood.errors import RedwoodError
 from redwood.plan.batch_planner import LiveAcceptance
-from redwood.serve import batch_steps, prefix_reuse
+from redwood.serve import batch_ngram, batch_steps, prefix_reuse
 
 METHODS = ("sequoia", "specinfer", "chain", "autoregressive")
 MAX_FAILED_STEPS = 3          # consecutive failed steps before the live requests are failed
@@ -71,6 +71,8 @@ class BatchRequest:
     error: BaseException | None = None
     cancel_requested: bool = False
     cache_prompt: bool = True                             # reuse a cached prefix of the prompt
+    ngram_memory: bool = True                             # n-gram drafting: use and feed the memory
+    match_counts: dict | None = None                      # n-gram drafts kept by match length
     cached_tokens: int = 0                                # prompt tokens not evaluated (reused)
 
     def cancel(self) -> None:
@@ -104,6 +106,7 @@ class Live:
     # its plain steps' sampler (decode/plain_sampling.py): its own, so its buffered uniforms
     # come from this request's generator alone and a seeded request repeats however batched
     plain_sampler: PlainSampler = field(default_factory=PlainSampler)
+    ngram: object | None = None       # its NgramDrafter when the batch drafts by prompt lookup
 
     def __post_init__(self):
         if self.acceptance is None:
@@ -140,13 +143,15 @@ class BatchScheduler:
     seconds, for the step times the planner learns from (tests inject one). prefix_cache:
     keep finished requests' cells and reuse them (False: every prompt is prefilled afresh);
     cache_tokens: most cells the idle caches of other requests than the last finished one may
-    hold per context (None = 0: they slow every live step, serve/prefix_reuse.py)."""
+    hold per context (None = 0: they slow every live step, serve/prefix_reuse.py). ngram: a
+    batch_ngram.BatchNgramDrafting to draft by prompt lookup instead of a draft model (draft
+    None, the planner plain: each request's drafter sizes its own trees)."""
 
     def __init__(self, target: MultiSeqContext, draft: MultiSeqContext | None, planner,
                  acceptance: Callable | None = None, max_batch: int | None = None,
                  prefill_chunk: int = 256, clock: Callable[[], float] = time.perf_counter,
                  prefix_cache: bool = True, cache_tokens: int | None = None,
-                 lone_prefill_chunk: int | None = None):
+                 lone_prefill_chunk: int | None = None, ngram=None):
         lanes = len(target.lanes) if draft is None else min(len(target.lanes), len(draft.lanes))
         max_batch = lanes if max_batch is None else max_batch
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
@@ -156,6 +161,9 @@ class BatchScheduler:
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise RedwoodError(f"vocabularies differ: target {target.name} has {target.vocab_size} "
                                f"tokens, draft {draft.name} has {draft.vocab_size}")
+        if ngram is not None and draft is not None:
+            raise RedwoodError("the batch drafts with the draft model or by prompt lookup, not "
+                               "both: give no draft context with ngram")
         tree = getattr(planner, "tree", None)
         if tree is not None:
             for ctx in (target, draft):
@@ -164,7 +172,8 @@ class BatchScheduler:
             if len(tree) * max_batch > target.n_batch:
                 raise RedwoodError(f"{max_batch} trees of {len(tree)} nodes exceed n_batch = "
                                    f"{target.n_batch}")
-        self.target, self.draft, self.planner = target, draft, planner
+        self.target, self.draft, self.planner, self.ngram = target, draft, planner, ngram
+        self.last_decode_seconds = 0.0  # the last step's target decode (batch_steps.target_phase)
         self.acceptance = acceptance or (lambda params: (0.0,))
         self.max_batch, self.prefill_chunk = max_batch, max(1, int(prefill_chunk))
         self.lone_prefill_chunk = max(self.prefill_chunk, int(lone_prefill_chunk or 0))
@@ -189,12 +198,17 @@ class BatchScheduler:
         return min(c.n_ctx for c in (self.target, self.draft) if c is not None)
 
     @property
+    def max_nodes(self) -> int:
+        """The largest tree a request may run (the planner's, or its n-gram drafter's budget)."""
+        return max(self.planner.max_nodes, self.ngram.max_nodes if self.ngram else 0)
+
+    @property
     def max_positions(self) -> int:
         """Prompt + max_tokens a lone request may have (cells minus its largest tree)."""
-        return self.cell_capacity - self.planner.max_nodes
+        return self.cell_capacity - self.max_nodes
 
     def cells_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        return prompt_len + max_new_tokens + self.planner.max_nodes
+        return prompt_len + max_new_tokens + self.max_nodes
 
     def room_for(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether a request of this size would be admitted at the next step."""
@@ -222,7 +236,7 @@ class BatchScheduler:
         if need > self.cell_capacity:
             raise RedwoodError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({request.params.max_new_tokens}) + "
-                f"tree ({self.planner.max_nodes} nodes) = {need} cells exceed the batch cache of "
+                f"tree ({self.max_nodes} nodes) = {need} cells exceed the batch cache of "
                 f"{self.cell_capacity} cells; shorten the prompt or lower max_tokens")
         request.prompt = prompt
         self.waiting.append(request)
@@ -261,9 +275,12 @@ class BatchScheduler:
         draft_lane, drafted = (self._take_lane(self.draft, prefix, reuse, need)
                                if self.draft is not None else (None, 0))
         request.cached_tokens = cached
+        ngram = (self.ngram.start(prefix, request.ngram_memory)
+                 if self.ngram is not None and request.method != "autoregressive" else None)
         return Live(request, p, generator, chooser, target_lane, draft_lane, need,
                     root=request.prompt[-1], prefix=prefix, prefilled=cached,
-                    pending=list(prefix[drafted:]) if draft_lane is not None else [])
+                    pending=list(prefix[drafted:]) if draft_lane is not None else [],
+                    ngram=ngram)
 
     def _take_lane(self, ctx, prefix, reuse, need, stats=None):
         """A lane for a new request (reusing a cached prefix), then room for its reservation."""
@@ -291,6 +308,8 @@ class BatchScheduler:
         work = [batch_steps.Work(x, tree) for x, tree in zip(ready, plan.trees)]
         batch_steps.method_trees(work)
         batch_steps.hold_back_lagging_drafts(self, work)
+        if self.ngram is not None:
+            batch_ngram.propose(self, work)
         saved = [(w, w.live.draft_lane.length if w.live.draft_lane else 0, list(w.live.pending))
                  for w in work]
         info = StepInfo(live=len(self.live), decoding=len(work),
@@ -302,6 +321,7 @@ class BatchScheduler:
             info.prompt_tokens = info.target_tokens - sum(info.tree_sizes) - len(firsts)
         except Exception as exc:        # a failed decode: undo the step, retry, then give up
             self._undo(saved)
+            batch_ngram.undo(work)
             self.failures += 1
             if self.failures >= MAX_FAILED_STEPS:
                 for live in list(self.live):
@@ -310,18 +330,23 @@ class BatchScheduler:
             return True
         self.failures = 0
         for w, tree in zip(work, plan.trees):
-            new = batch_steps.verify(self, w)
+            root, new = w.live.root, batch_steps.verify(self, w)
+            batch_ngram.commit(w, root)
             w.live.acceptance.planned(len(tree) > 1)
-            if w.speculative:
+            if w.speculative and w.live.ngram is None:
                 w.live.acceptance.record(w.tree, w.path)
             info.new_tokens += self._emit(w.live, new, len(w.tree))
         for w in firsts:                # prompts completed this step: their first token
-            info.new_tokens += self._emit(w.live, batch_steps.verify(self, w), 1)
+            root, new = w.live.root, batch_steps.verify(self, w)
+            batch_ngram.commit(w, root)
+            info.new_tokens += self._emit(w.live, new, 1)
         end = self.clock()
         info.seconds = end - start
         if work and not info.prompt_tokens and not info.catch_up:
             self.planner.observe(plan, end - planned)
             info.timed = True
+            if not firsts:
+                batch_ngram.record_cost(self, work, self.last_decode_seconds)
         self.last = info
         return True
 
@@ -366,6 +391,7 @@ class BatchScheduler:
 
     def _finish(self, live: Live | None, request: BatchRequest, reason: str) -> None:
         if live is not None:
+            batch_ngram.finish(live, reason)
             keep = self.prefix_cache and reason != "error"   # an error may leave cells unsure
             self.live.remove(live)
             self.reserved -= live.cells

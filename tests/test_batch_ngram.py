@@ -1,0 +1,143 @@
+"""Prompt-lookup drafting in the batch (serve/batch_ngram.py) on tiny random GGUF models: greedy
+output equals plain decoding token for token while copies are drafted and kept, sampled output
+follows the target's law (chi-square), the memory of earlier answers feeds later requests (and
+never a cancelled one), and every cell is free afterwards.
+
+Prompts that copy: a start followed by the target's own greedy continuation of it. A random
+model's greedy text falls into cycles, so what it says next repeats spans the prompt holds: the
+n-gram drafter finds those matches. The starts were scanned once for answers whose 30 greedy
+tokens have top-2 margins >= 0.1 and mostly follow the prompt's own 2-grams."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from redwood.decode.ngram_acceptance import AcceptanceModel  # noqa: E402
+from redwood.decode.ngram_memory import NgramMemory  # noqa: E402
+from redwood.decode.params import SamplingParams  # noqa: E402
+from redwood.errors import RedwoodError  # noqa: E402
+from redwood.plan.batch_planner import ROOT_ONLY, FixedPlanner  # noqa: E402
+from redwood.plan.formats import Profile  # noqa: E402
+from redwood.serve.batch_ngram import BatchNgramDrafting  # noqa: E402
+from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
+from test_batching import (CLEAR_PROMPTS, N_BATCH, TOL, assert_all_free, contexts,  # noqa: E402,F401
+                           engine, joint_law, paths)
+from test_verify import assert_law  # noqa: E402
+from tiny_gguf import tiny_gguf_pair  # noqa: E402,F401
+
+# flat costs: on the tiny models a tree costs about what one token does, so copies pay
+FLAT = Profile({n: 2.0 + 0.01 * n for n in range(1, 65)}, {1: 0.1})
+CHI_DRAWS = 1500
+COPY_STARTS = [[184, 59, 33], [80, 195, 151, 241, 34, 44], [44, 19, 37], [216, 157, 59, 75, 219, 217]]
+
+
+def ngram_scheduler(contexts, memory=None, **options) -> BatchScheduler:
+    drafting = BatchNgramDrafting(FLAT, AcceptanceModel, memory, depth=16)
+    return BatchScheduler(contexts[0], None, FixedPlanner(ROOT_ONLY, N_BATCH), ngram=drafting,
+                          **options)
+
+
+def plain(engine, prompt, n) -> list[int]:
+    return engine.generate(torch.tensor(prompt), n, method="autoregressive",
+                           stop_on_eos=False).tokens
+
+
+def copying_prompt(engine, start, n=40) -> list[int]:
+    return list(start) + plain(engine, start, n)
+
+
+def test_batched_ngram_greedy_equals_plain_and_keeps_copies(contexts, engine):
+    """Four requests at once (three that copy, one that does not): each output equals plain
+    greedy decoding of its prompt; copies are drafted and kept; proposals that would not fit
+    one decode (4 x 26-node budgets > n_batch 128) are dropped, not run."""
+    prompts = [copying_prompt(engine, start) for start in COPY_STARTS[:3]] + [CLEAR_PROMPTS[2]]
+    sched = ngram_scheduler(contexts)
+    requests = [sched.submit(BatchRequest(p, SamplingParams(30), stop_on_eos=False))
+                for p in prompts]
+    sched.run(2000)
+    reference = engine.target_backend
+    for request, prompt in zip(requests, prompts):
+        expected = plain(engine, prompt, 30)
+        reference.reset()
+        top = reference.append(prompt + expected, rows=31)[:-1].topk(2, dim=-1).values
+        assert (top[:, 0] - top[:, 1]).min() > 2 * TOL, f"{prompt}: a near-tie, not a fair test"
+        assert request.tokens == expected
+        assert request.finish_reason == "length" and sum(request.steps) == 30
+    copies = requests[:3]
+    assert all(max(r.tree_sizes) > 1 for r in copies)                  # drafted
+    assert sum(sum(r.steps) for r in copies) > 1.5 * sum(len(r.steps) for r in copies)  # kept
+    for r in copies:
+        proposed = sum(p for _, p in r.match_counts.values())
+        assert proposed == sum(size - 1 for size in r.tree_sizes)      # what ran, nothing else
+    assert_all_free(contexts[0])
+
+
+def test_batched_ngram_sampling_follows_the_target(contexts, engine):
+    """T = 1: the first two tokens of requests whose prompt is cached (so their first step
+    verifies an n-gram tree at once) follow the target's own joint law, two at a time beside
+    a long sampled request."""
+    prompt = copying_prompt(engine, COPY_STARTS[3])
+    sched = ngram_scheduler(contexts)
+    sched.submit(BatchRequest(prompt, SamplingParams(2, 1.0, seed=10**6), stop_on_eos=False))
+    sched.run(100)                                   # the prompt is cached from here on
+    background, counts, drafted, pending, seed = None, Counter(), 0, [], 0
+    for step in range(20 * CHI_DRAWS):
+        if background is None or background.done:
+            background = sched.submit(BatchRequest(CLEAR_PROMPTS[step % 8],
+                                                   SamplingParams(60, 0.8, seed=step),
+                                                   stop_on_eos=False))
+        while len(pending) < 2 and seed < CHI_DRAWS:
+            pending.append(sched.submit(BatchRequest(prompt, SamplingParams(2, 1.0, seed=seed),
+                                                     stop_on_eos=False)))
+            seed += 1
+        sched.step()
+        for request in [r for r in pending if r.done]:
+            pending.remove(request)
+            counts[tuple(request.tokens)] += 1
+            drafted += request.tree_sizes[0] > 1
+        if seed == CHI_DRAWS and not pending:
+            break
+    assert sum(counts.values()) == CHI_DRAWS
+    assert drafted > CHI_DRAWS // 2                  # most first steps verified a proposal
+    assert_law(counts, joint_law(engine.target_backend, 1.0, prompt), CHI_DRAWS)
+    sched.close()
+    assert_all_free(contexts[0])
+
+
+def test_batched_ngram_memory_feeds_later_requests_but_not_cancelled_ones(contexts, engine):
+    """A finished answer goes to the shared memory: a later request that gives the same
+    answer to a prompt that does not contain it drafts it from there. A cancelled request
+    stores nothing; a request may opt out (ngram_memory False)."""
+    memory = NgramMemory(max_tokens=4096)
+    sched = ngram_scheduler(contexts, memory)
+    first = sched.submit(BatchRequest(CLEAR_PROMPTS[4], SamplingParams(40), stop_on_eos=False))
+    sched.run(1000)
+    assert len(memory) > 0 and first.tokens == plain(engine, CLEAR_PROMPTS[4], 40)
+    again = sched.submit(BatchRequest(CLEAR_PROMPTS[4], SamplingParams(40), stop_on_eos=False,
+                                      cache_prompt=False))
+    sched.run(1000)
+    assert again.tokens == first.tokens
+    assert len(again.steps) < 0.7 * len(first.steps)      # its answer came from the memory
+    held = len(memory)
+    cancelled = sched.submit(BatchRequest(CLEAR_PROMPTS[5], SamplingParams(40),
+                                          stop_on_eos=False))
+    for _ in range(5):
+        sched.step()
+    cancelled.cancel()
+    sched.run(100)
+    opted_out = sched.submit(BatchRequest(CLEAR_PROMPTS[6], SamplingParams(20),
+                                          stop_on_eos=False, ngram_memory=False))
+    sched.run(1000)
+    assert cancelled.finish_reason == "cancelled" and opted_out.finish_reason == "length"
+    assert len(memory) == held
+    assert_all_free(contexts[0])
+
+
+def test_the_batch_drafts_from_one_source(contexts):
+    with pytest.raises(RedwoodError, match="not both"):
+        BatchScheduler(contexts[0], contexts[1], FixedPlanner(ROOT_ONLY, N_BATCH),
+                       ngram=BatchNgramDrafting(FLAT, AcceptanceModel))

@@ -88,7 +88,7 @@ def batched_rows(args) -> tuple[list, int]:
     from redwood.decode.params import SamplingParams
     from redwood.prompts import encode_prompt, humaneval_prompts
     from redwood.serve.batch_setup import load_batch_scheduler
-    from redwood.serve.batching import BatchRequest
+    from redwood.serve.batch_requests import BatchRequest
 
     scheduler, tokenizer = load_batch_scheduler(progress=False, prefix_cache=False)
     backend = scheduler.target.backend

@@ -23,7 +23,8 @@ from redwood.errors import RedwoodError  # noqa: E402
 from redwood.plan.batch_planner import ROOT_ONLY, FixedPlanner  # noqa: E402
 from redwood.plan.formats import Profile  # noqa: E402
 from redwood.serve.batch_ngram import BatchNgramDrafting  # noqa: E402
-from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
+from redwood.serve.batch_requests import BatchRequest  # noqa: E402
+from redwood.serve.batching import BatchScheduler  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, N_BATCH, TOL, assert_all_free, contexts,  # noqa: E402,F401
                            engine, joint_law, paths)
 from test_verify import assert_law  # noqa: E402

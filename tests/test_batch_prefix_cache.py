@@ -14,7 +14,7 @@ pytest.importorskip("llama_cpp")
 
 from redwood.backends.radix_tree import RadixTree, common_prefix  # noqa: E402
 from redwood.decode.params import SamplingParams  # noqa: E402
-from redwood.serve.batching import BatchRequest  # noqa: E402
+from redwood.serve.batch_requests import BatchRequest  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, assert_all_free, context, engine,  # noqa: E402,F401
                            paths, scheduler)
 from tiny_gguf import tiny_gguf_pair  # noqa: E402,F401

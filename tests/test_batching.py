@@ -33,7 +33,8 @@ from redwood.plan.batch_planner import BatchPlanner, FixedPlanner  # noqa: E402
 from redwood.plan.formats import Profile  # noqa: E402
 from redwood.plan.step_costs import StepCosts  # noqa: E402
 from redwood.plan.tree import Tree, star  # noqa: E402
-from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
+from redwood.serve.batch_requests import BatchRequest  # noqa: E402
+from redwood.serve.batching import BatchScheduler  # noqa: E402
 from test_verify import assert_law  # noqa: E402
 from tiny_gguf import tiny_gguf_pair, write_perturbed_gguf  # noqa: E402,F401
 

@@ -23,7 +23,8 @@ from redwood.plan.batch_planner import BatchPlanner, LiveAcceptance  # noqa: E40
 from redwood.plan.formats import Profile  # noqa: E402
 from redwood.errors import RedwoodError  # noqa: E402
 from redwood.serve.app import ServerConfig, create_app  # noqa: E402
-from redwood.serve.batching import BatchRequest, BatchScheduler  # noqa: E402
+from redwood.serve.batch_requests import BatchRequest  # noqa: E402
+from redwood.serve.batching import BatchScheduler  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, P, assert_all_free, context, engine,  # noqa: E402,F401
                            paths, synthetic_profile, trusting)
 from test_server import DEADLINE_S, metric, running, scrape  # noqa: E402

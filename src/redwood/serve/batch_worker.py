@@ -17,7 +17,8 @@ import time
 from prometheus_client import Gauge, Histogram
 
 from redwood.decode.detokenize import IncrementalText
-from redwood.serve.batching import BatchRequest, BatchScheduler
+from redwood.serve.batch_requests import BatchRequest
+from redwood.serve.batching import BatchScheduler
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError
 from redwood.serve.worker import Job, Outcome, enqueue

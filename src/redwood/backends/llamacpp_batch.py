@@ -49,16 +49,14 @@ class NativeBatch:
         self.seq_rows = [view(self.batch.seq_id[i], shape=(n_seq_max,)) for i in range(capacity)]
 
     def fill_one(self, token: int, position: int) -> None:
-        """fill_causal([token], position, 1) through ctypes alone: a plain step's batch, where
-        fill_causal's small numpy writes cost more than the step's other Python around a
-        decode (their code is cold right after one)."""
-        batch = self.batch
-        batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
-        batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
+        """fill_causal([token], position, 1) in sequence 0, through fill_tokens."""
+        self.fill_tokens(((token, position, 0),))
 
     def fill_tokens(self, rows) -> None:
-        """fill_one for several sequences: rows of (token, position, sequence id), one token
-        each, logits for every row (a batched plain step: one token per request)."""
+        """Rows of (token, position, sequence id), one token each, logits for every row,
+        through ctypes alone: a plain step's batch (one token per request), where
+        fill_causal's small numpy writes cost more than the step's other Python around a
+        decode (their code is cold right after one)."""
         batch = self.batch
         for i, (token, position, seq) in enumerate(rows):
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1

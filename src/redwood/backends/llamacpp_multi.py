@@ -256,11 +256,7 @@ class MultiSeqContext:
             return self._decode_tokens(jobs, copy)
         prepared = [self._prepare(job) for job in jobs]
         total = sum(len(p.ids) for p in prepared)
-        if total > self.n_batch:
-            raise RedwoodError(f"decode of {total} tokens exceeds n_batch = {self.n_batch}")
-        if self.used_cells() + total > self.n_ctx:
-            raise RedwoodError(f"KV cache full: {self.used_cells()} cells in use + {total} new "
-                               f"> n_ctx = {self.n_ctx}")
+        self._check_fits(total)
         out = [torch.empty(0, self.vocab_size) for _ in jobs]
         if total == 0:
             return out
@@ -302,18 +298,12 @@ class MultiSeqContext:
         rows = []
         for job in jobs:
             lane, token = job.lane, job.ids[0]
-            if not lane.busy or lane not in self.lanes:
-                raise RedwoodError("decode: the job's lane is not held in this context")
-            if lane.step is not None:
-                raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
+            self._check_held(lane)
+            self._check_no_tree(lane)
             if not 0 <= token < self.vocab_size:
                 raise self.backend._out_of_range(token)
             rows.append((token, lane.length, lane.base))
-        if len(rows) > self.n_batch:
-            raise RedwoodError(f"decode of {len(rows)} tokens exceeds n_batch = {self.n_batch}")
-        if self.used_cells() + len(rows) > self.n_ctx:
-            raise RedwoodError(f"KV cache full: {self.used_cells()} cells in use + {len(rows)} "
-                               f"new > n_ctx = {self.n_ctx}")
+        self._check_fits(len(rows))
         self.backend._batch.fill_tokens(rows)
         try:
             self.backend._decode(f"a batched decode of {len(rows)} tokens for {len(rows)} "
@@ -330,9 +320,25 @@ class MultiSeqContext:
         logits = torch.from_numpy(np.array(view) if copy else view)
         return [logits[i:i + 1] for i in range(len(rows))]
 
-    def _prepare(self, job) -> _Prepared:
-        if not job.lane.busy or job.lane not in self.lanes:
+    def _check_held(self, lane: Lane) -> None:
+        if not lane.busy or lane not in self.lanes:
             raise RedwoodError("decode: the job's lane is not held in this context")
+
+    @staticmethod
+    def _check_no_tree(lane: Lane) -> None:
+        if lane.step is not None:
+            raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
+
+    def _check_fits(self, total: int) -> None:
+        """A decode of `total` new tokens fits one batch and the KV cache."""
+        if total > self.n_batch:
+            raise RedwoodError(f"decode of {total} tokens exceeds n_batch = {self.n_batch}")
+        if self.used_cells() + total > self.n_ctx:
+            raise RedwoodError(f"KV cache full: {self.used_cells()} cells in use + {total} new "
+                               f"> n_ctx = {self.n_ctx}")
+
+    def _prepare(self, job) -> _Prepared:
+        self._check_held(job.lane)
         if isinstance(job, Append):
             return self._prepare_append(job)
         if isinstance(job, TreeNodes):
@@ -341,8 +347,7 @@ class MultiSeqContext:
 
     def _prepare_append(self, job: Append) -> _Prepared:
         lane = job.lane
-        if lane.step is not None:
-            raise RedwoodError("append with tentative tree nodes pending: call keep_path first")
+        self._check_no_tree(lane)
         ids = self.backend._token_ids(job.ids)
         n, rows = len(ids), max(0, min(int(job.rows), len(ids)))
         outputs = np.zeros(n, dtype=np.int8)

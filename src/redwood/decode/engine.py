@@ -23,7 +23,7 @@ from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
-from redwood.decode.plain_sampling import PlainSampler
+from redwood.decode.plain_sampling import PlainSampler, sample_row
 from redwood.decode.request import (as_backend, as_tree, check_request, check_same_vocab,
                                     finish_drafters, match_counts, method_tree,
                                     set_for_request)
@@ -225,9 +225,7 @@ class Engine:
             return None
         table = self.profile.target_ms_at(context)
         plain_ms = table[min(table)]
-        by_context = self.profile.target_ms_at if self.profile.target_ms_by_context else None
-        costs = LiveCosts(table, table_at=by_context, context=context) \
-            if self.live_costs else None
+        costs = LiveCosts.for_request(self.profile, context) if self.live_costs else None
         self.last_costs = costs
         set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
@@ -247,11 +245,7 @@ class Engine:
         if costs is not None and unrun is None:
             costs.record_target(1, seconds)
         if isinstance(logits, np.ndarray):          # read before the next decode reuses it
-            if params.greedy:
-                return [int(np.argmax(logits))]     # first maximum, as torch.argmax
-            if PlainSampler.handles(params):
-                return [self._plain_sampler.sample(logits, params.temperature, generator)]
-            logits = torch.from_numpy(logits)
+            return [sample_row(logits, params, self._plain_sampler, generator)]
         return [self._sample_one(logits, params, generator)]
 
     def _speculative_step(self, root, layout, chooser, params, options, generator, stats,

@@ -34,6 +34,20 @@ TAIL_GAP = 16.0       # G: tail tokens weigh < e^-16 ≈ 1.1e-7 of the top token
                       # 152k of them the envelope's tail is drawn at most ~1.7 % of the time
 
 
+def sample_row(row: np.ndarray, params, sampler: "PlainSampler", generator) -> int:
+    """One token from a logits row [V] read in place (SamplingParams `params`): numpy's first
+    maximum when greedy (as torch.argmax), `sampler` for temperature alone, else the torch
+    path (process_logits, sample_token). The plain step of the engine and of the batch."""
+    if params.greedy:
+        return int(np.argmax(row))
+    if PlainSampler.handles(params):
+        return sampler.sample(row, params.temperature, generator)
+    from redwood.decode.sampling import process_logits, sample_token
+
+    probs = process_logits(torch.from_numpy(row), params.temperature, params.top_k, params.top_p)
+    return int(sample_token(probs, generator))
+
+
 class PlainSampler:
     """Samples rows of logits at a temperature; tail_gap: G above (tests use small gaps so the
     envelope's tail is drawn often)."""

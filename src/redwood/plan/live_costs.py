@@ -82,6 +82,13 @@ class LiveCosts:
         # follow() keeps the predictions at the request's context as it grows
         self._table_at, self._bucket = table_at, int(context) // CONTEXT_BUCKET
 
+    @classmethod
+    def for_request(cls, profile, context: int) -> "LiveCosts":
+        """A request's costs from a plan.formats.Profile at `context` cells: the profile's
+        table there, re-read as the context grows where it has a by-context table."""
+        by_context = profile.target_ms_at if profile.target_ms_by_context else None
+        return cls(profile.target_ms_at(context), table_at=by_context, context=context)
+
     def follow(self, context: int) -> None:
         """The request's context is now `context` cells: rebase on the profile there when it
         entered another CONTEXT_BUCKET (a dict lookup otherwise; nothing without table_at)."""

@@ -53,9 +53,7 @@ class BatchNgramDrafting:
                                target_ms_by_context=profile.target_ms_by_context,
                                model=self.model_factory(), max_length=self.budget.tree.num_levels,
                                memory=self.memory)
-        by_context = profile.target_ms_at if profile.target_ms_by_context else None
-        drafter.costs = LiveCosts(profile.target_ms_at(len(prompt)), table_at=by_context,
-                                  context=len(prompt))
+        drafter.costs = LiveCosts.for_request(profile, len(prompt))
         drafter.use_memory = bool(use_memory)
         drafter.prefill(torch.tensor(prompt, dtype=torch.long))
         return drafter
@@ -111,7 +109,7 @@ def commit(w, root: int) -> None:
         drafter.skip(root)                      # a plain step no lookup ran for (first token)
 
 
-def record_cost(scheduler, work: list, seconds: float) -> None:
+def record_cost(work: list, seconds: float) -> None:
     """A step whose decode carried one request's tree alone and nothing else: its time
     corrects that request's costs for that tree size."""
     if len(work) == 1 and work[0].live.ngram is not None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from redwood.backends.llamacpp_multi import Append, TreeNodes
 from redwood.decode.draft_model import DraftModelDrafter
-from redwood.decode.plain_sampling import PlainSampler
-from redwood.decode.sampling import process_logits, sample_token
+from redwood.decode.plain_sampling import sample_row
+from redwood.decode.sampling import process_logits
 from redwood.decode.verify import verify_greedy, verify_tree
 from redwood.plan.batch_planner import ROOT_ONLY
 from redwood.plan.tree import Tree
@@ -115,12 +114,12 @@ def draft_phase(scheduler, work: list[Work]) -> int:
     return decodes
 
 
-def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
+def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work], float]:
     """ONE target decode: every request's tree (the root alone when it does not speculate),
     plus prompt chunks of new requests in the room left. A chunk that completes its request's
     prompt also runs the root, so the first token comes from this decode (as llama-server's
     does) instead of a step later: those requests come back as root-alone Work with their
-    logits, to verify and emit like any plain step. Returns (tokens decoded, those Work)."""
+    logits, to verify and emit like any plain step. Returns (tokens decoded, those Work, the decode's seconds)."""
     target = scheduler.target
     jobs = []
     for w in work:
@@ -139,10 +138,10 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
         firsts.append(first)
         jobs.append(Append(live.target_lane, list(ids) + [live.root] * first, int(first)))
     if not jobs:
-        return 0, []
+        return 0, [], 0.0
     start = scheduler.clock()
     outs = target.decode(jobs, copy=False)       # views: verify reads them before the next decode
-    scheduler.last_decode_seconds = scheduler.clock() - start
+    seconds = scheduler.clock() - start
     for w, out in zip(work, outs):
         w.logits = out
     first_work = []
@@ -150,7 +149,7 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work]]:
         live.prefilled += len(ids)
         if first:
             first_work.append(Work(live, ROOT_ONLY, logits=out))
-    return decoded + len(first_work), first_work
+    return decoded + len(first_work), first_work, seconds
 
 
 def verify(scheduler, w: Work) -> list[int]:
@@ -158,14 +157,7 @@ def verify(scheduler, w: Work) -> list[int]:
     Returns the step's new tokens (accepted path, then the bonus)."""
     live, params = w.live, w.live.request.params
     if not w.speculative:                      # the root was appended: sample the next token
-        logits = w.logits[0]
-        if params.greedy:                      # numpy's first maximum, as torch.argmax
-            bonus = int(np.argmax(logits.numpy()))
-        elif PlainSampler.handles(params):     # temperature alone: the in-place sampler
-            bonus = live.plain_sampler.sample(logits.numpy(), params.temperature, live.generator)
-        else:
-            probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
-            bonus = int(sample_token(probs, live.generator))
+        bonus = sample_row(w.logits[0].numpy(), params, live.plain_sampler, live.generator)
         if live.draft_lane is not None:
             live.pending.append(live.root)     # committed in the target, never run by the draft
         return [bonus]

@@ -91,7 +91,6 @@ class BatchScheduler:
                 raise RedwoodError(f"{max_batch} trees of {len(tree)} nodes exceed n_batch = "
                                    f"{target.n_batch}")
         self.target, self.draft, self.planner, self.ngram = target, draft, planner, ngram
-        self.last_decode_seconds = 0.0  # the last step's target decode (batch_steps.target_phase)
         self.acceptance = acceptance or (lambda params: (0.0,))
         self.max_batch, self.prefill_chunk = max_batch, max(1, int(prefill_chunk))
         self.lone_prefill_chunk = max(self.prefill_chunk, int(lone_prefill_chunk or 0))
@@ -235,7 +234,7 @@ class BatchScheduler:
                         catch_up=sum(w.catch_up for w in work))
         try:
             info.draft_decodes = batch_steps.draft_phase(self, work)
-            info.target_tokens, firsts = batch_steps.target_phase(self, work)
+            info.target_tokens, firsts, decode_seconds = batch_steps.target_phase(self, work)
             info.prompt_tokens = info.target_tokens - sum(info.tree_sizes) - len(firsts)
         except Exception as exc:        # a failed decode: undo the step, retry, then give up
             self._undo(saved)
@@ -264,7 +263,7 @@ class BatchScheduler:
             self.planner.observe(plan, end - planned)
             info.timed = True
             if not firsts:
-                batch_ngram.record_cost(self, work, self.last_decode_seconds)
+                batch_ngram.record_cost(work, decode_seconds)
         self.last = info
         return True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import httpx
 import pytest
 import torch
 
@@ -20,13 +21,16 @@ from redwood.decode.ngram_acceptance import AcceptanceModel  # noqa: E402
 from redwood.decode.ngram_memory import NgramMemory  # noqa: E402
 from redwood.decode.params import SamplingParams  # noqa: E402
 from redwood.errors import RedwoodError  # noqa: E402
+from redwood.models.hf_loading import load_tokenizer  # noqa: E402
 from redwood.plan.batch_planner import ROOT_ONLY, FixedPlanner  # noqa: E402
 from redwood.plan.formats import Profile  # noqa: E402
+from redwood.serve.app import ServerConfig, create_app  # noqa: E402
 from redwood.serve.batch_ngram import BatchNgramDrafting  # noqa: E402
 from redwood.serve.batch_requests import BatchRequest  # noqa: E402
 from redwood.serve.batching import BatchScheduler  # noqa: E402
 from test_batching import (CLEAR_PROMPTS, N_BATCH, TOL, assert_all_free, contexts,  # noqa: E402,F401
                            engine, joint_law, paths)
+from test_server import metric, running, scrape  # noqa: E402
 from test_verify import assert_law  # noqa: E402
 from tiny_gguf import tiny_gguf_pair  # noqa: E402,F401
 
@@ -74,6 +78,32 @@ def test_batched_ngram_greedy_equals_plain_and_keeps_copies(contexts, engine):
     for r in copies:
         proposed = sum(p for _, p in r.match_counts.values())
         assert proposed == sum(size - 1 for size in r.tree_sizes)      # what ran, nothing else
+        # every tree came with the drafter's E(tokens kept); the kept count is the path's
+        # (accepted + bonus), the step's emitted tokens but for a cut at max_tokens
+        spec = [n for size, n in zip(r.tree_sizes, r.steps) if size > 1]
+        stats = r.prediction
+        assert stats.predicted_steps == len(spec) > 0
+        assert sum(spec) <= stats.predicted_steps_tokens <= sum(spec) + max(r.tree_sizes)
+        assert stats.predicted_tokens >= stats.predicted_steps      # E >= 1 (the bonus)
+    assert requests[3].prediction.predicted_steps <= len(requests[3].steps)
+    assert_all_free(contexts[0])
+
+
+def test_the_batched_server_reports_predicted_against_kept(contexts, engine, paths):
+    """The response's `redwood` field carries predicted_vs_observed, and /metrics sums it."""
+    sched = ngram_scheduler(contexts)
+    app = create_app(sched, load_tokenizer(paths[0]), ServerConfig(model_name="tiny"))
+    with running(app) as url, httpx.Client(timeout=120) as http:
+        response = http.post(url + "/v1/completions", json={
+            "model": "tiny", "prompt": copying_prompt(engine, COPY_STARTS[0]), "max_tokens": 30,
+            "temperature": 0})
+        assert response.status_code == 200, response.text
+        samples = scrape(url)
+    report = response.json()["redwood"]["predicted_vs_observed"]
+    assert report["steps"] > 0 and report["observed_tokens_per_step"] > 1.0
+    assert metric(samples, "redwood_drafter_predicted_steps_total") == report["steps"]
+    observed = metric(samples, "redwood_drafter_observed_tokens_total")
+    assert observed == pytest.approx(report["steps"] * report["observed_tokens_per_step"])
     assert_all_free(contexts[0])
 
 

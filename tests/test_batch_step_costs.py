@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redwood.plan.batch_planner import BatchPlanner, LiveAcceptance
 from redwood.plan.formats import Profile
 from redwood.plan.step_costs import StepCosts
+from redwood.plan.tree import Tree
 
 P = (0.7, 0.1, 0.05)
 
@@ -115,6 +116,42 @@ def test_plan_cache_key_holds_the_quantised_ratios():
     moved = planner.plan([P])
     assert len(planner._plans) == 2 and moved.ratio == pytest.approx(math.exp(0.1))
     assert moved.tokens_per_second == pytest.approx(first.tokens_per_second / moved.ratio)
+
+
+def test_the_last_plan_is_reused_only_while_what_was_asked_is_unchanged():
+    """plan() answers a repeated question (same vectors, same lags once clipped, same quantised
+    ratios) with its last answer, and anything else afresh, as a new planner would."""
+    planner = BatchPlanner(MARGINAL, 16, 8, 4, 40)
+    lagging = planner.plan([P], [40])
+    assert planner.plan([P], [40]) is lagging and planner.plan([P], [99]) is lagging  # clipped
+    first = planner.plan([P])
+    assert first is not lagging and planner.plan([P], [0]) is first      # None = no lag
+    other = (0.3, 0.1)
+    assert planner.plan([other]).trees == BatchPlanner(MARGINAL, 16, 8, 4, 40).plan([other]).trees
+    assert planner.plan([P]) is not first                     # asked something else between
+    for _ in range(3):
+        planner.observe(first, 1.5 * first.step_ms / 1000.0)     # crosses a quantum
+    moved = planner.plan([P])
+    assert moved.ratio == pytest.approx(math.exp(0.1))
+    fresh = BatchPlanner(MARGINAL, 16, 8, 4, 40, costs=planner.costs).plan([P])
+    assert moved.trees == fresh.trees and moved.tokens_per_second == fresh.tokens_per_second
+
+
+def test_live_vector_and_quantised_ratios_follow_every_record():
+    """LiveAcceptance.p and StepCosts.quantised are kept between records (asked every step)
+    and change with the next one."""
+    live = LiveAcceptance(P)
+    before = live.p
+    assert live.p is before
+    tree = Tree([-1, 0, 0, 1])
+    live.record(tree, [0, 2])                  # the rank-2 child kept: p_2 rises, p_1 falls
+    assert live.p != before and live.p[0] < before[0]
+    costs = StepCosts()
+    q = costs.quantised()
+    assert costs.quantised() is q
+    for _ in range(3):
+        costs.record(False, 10.0, 0.02)        # twice the prediction
+    assert costs.quantised()[1] > q[1] == 1.0
 
 
 def drive(live: LiveAcceptance, decide, steps: int) -> list[int]:

@@ -195,6 +195,19 @@ def test_one_token_per_lane_takes_the_short_path_with_the_same_rows_and_checks(c
         views = ctx.decode([Append(lanes[0], [3], rows=1)], copy=False)
         copies = ctx.decode([Append(lanes[2], [3], rows=1)])
         assert (views[0] - copies[0]).abs().max() <= TOL      # read before the next decode
+        # decode_rows: the same rows as numpy views, for 2 lanes and then 1 (views rebuilt);
+        # lanes 0 and 2 hold the same tokens, as do 1 and 3
+        for token, pairs in ((5, [(0, 2), (1, 3)]), (6, [(0, 2)])):
+            rows = ctx.decode_rows([Append(lanes[a], [token], rows=1) for a, _ in pairs])
+            rows = [np.array(r) for r in rows]                # read before the next decode
+            again = ctx.decode([Append(lanes[b], [token], rows=1) for _, b in pairs])
+            assert [r.shape for r in rows] == [(ctx.vocab_size,)] * len(pairs)
+            for r, a in zip(rows, again):
+                assert np.abs(r - a[0].numpy()).max() <= TOL
+        for bad in ([Append(lanes[0], [1, 2], rows=1)], [Append(lanes[0], [np.int64(1)], rows=1)],
+                    [TreeNodes(lanes[0], Tree([-1, 0]), [0, 1], torch.tensor([1, 2]), 0)], []):
+            with pytest.raises(RedwoodError, match="one Python-int token"):
+                ctx.decode_rows(bad)
     finally:
         for lane in lanes:
             ctx.release(lane)

@@ -362,14 +362,16 @@ def test_scheduler_turns_plain_when_speculative_steps_cost_more(paths, engine, m
     now = [0.0]
 
     def costing(ctx, ms):
-        decode = ctx.decode
+        for name in ("decode", "decode_rows"):          # decode_rows: the plain steps
+            monkeypatch.setattr(ctx, name, charged(getattr(ctx, name), ms))
 
+    def charged(decode, ms):
         def timed(jobs, **options):
             out = decode(jobs, **options)
             now[0] += ms(sum(len(j.ids) if isinstance(j, Append) else len(j.nodes)
                              for j in jobs)) / 1000.0
             return out
-        monkeypatch.setattr(ctx, "decode", timed)
+        return timed
 
     try:
         costing(made[0], lambda n: profile.target_ms[n])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from redwood.decode.params import SamplingParams
+from redwood.decode import plain_sampling
 from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.sampling import process_logits
 from redwood.errors import RedwoodError
@@ -50,6 +51,30 @@ def test_the_envelope_tail_is_exact_when_drawn_often(gap, temperature):
     draws = 8000
     counts = Counter(sampler.sample(row, temperature, generator) for _ in range(draws))
     assert_law(counts, law, draws)
+
+
+@pytest.mark.parametrize("small_head", [0, 10**6])
+def test_python_and_numpy_head_weights_are_the_same_law(monkeypatch, small_head):
+    """Heads up to SMALL_HEAD tokens are weighed in Python (a list), larger ones in numpy: the
+    same cumulative weights, and draws exact either way. One sampler serves rows of several
+    sizes (its reused mask follows the row's)."""
+    monkeypatch.setattr(plain_sampling, "SMALL_HEAD", small_head)
+    row, temperature = _spread_row(), 0.6
+    top = float(row.max())
+    head = row[row >= top - plain_sampling.TAIL_GAP * temperature]
+    cdf = plain_sampling._head_cdf(head, top, temperature)
+    assert isinstance(cdf, list) == (small_head > 0)
+    expected = np.cumsum(np.exp((head.astype(np.float64) - top) / temperature))
+    np.testing.assert_allclose(np.asarray(cdf), expected, rtol=1e-5)
+    sampler, generator = PlainSampler(), torch.Generator().manual_seed(5)
+    short = np.random.default_rng(6).normal(0, 1, 50).astype(np.float32)
+    draws = 6000
+    counts, short_counts = Counter(), Counter()
+    for _ in range(draws):
+        counts[sampler.sample(row, temperature, generator)] += 1
+        short_counts[sampler.sample(short, 1.0, generator)] += 1
+    assert_law(counts, _law(row, temperature), draws)
+    assert_law(short_counts, _law(short, 1.0), draws)
 
 
 def test_never_a_token_of_zero_mass_and_seeded():

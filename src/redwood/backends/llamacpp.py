@@ -26,6 +26,7 @@ import torch
 from redwood.backends.base import tree_limits_error
 from redwood.backends.gguf_header import check_gguf, file_type_name
 from redwood.backends.llamacpp_batch import NativeBatch, TreeSeqs, check_path
+from redwood.backends.llamacpp_logits import LogitsViews
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -148,7 +149,7 @@ class LlamaCppBackend:
         self._tokens: list[int] = []  # their ids: what keep_prefix compares a new prompt with
         self._step = None            # the tentative state of the current step, or None
         self._layouts: dict[tuple, TreeSeqs] = {}
-        self._view_key, self._view = None, None    # the logits view and its (address, rows)
+        self._views = LogitsViews(self.vocab_size)  # the logits buffer in place
 
     def _check_model(self, path: Path, arch: str) -> None:
         llama = self._llama
@@ -167,7 +168,8 @@ class LlamaCppBackend:
     def close(self) -> None:
         """Free the batch, context and model (idempotent)."""
         llama = getattr(self, "_llama", None)
-        self._view_key = self._view = None          # it points into the context's buffer
+        if getattr(self, "_views", None) is not None:
+            self._views.clear()                     # they point into the context's buffer
         if getattr(self, "_batch", None) is not None:
             self._batch.free()
             self._batch = None
@@ -251,7 +253,7 @@ class LlamaCppBackend:
             raise
         self._length += 1
         self._tokens.append(token)
-        return self._logits_view(1)[0]
+        return self._logits_rows(1)[0]
 
     def _append(self, ids, rows: int, copy: bool) -> list:
         """append's work: the logits of the last `rows` tokens per chunk, as tensors (copy) or
@@ -445,9 +447,12 @@ class LlamaCppBackend:
         return torch.from_numpy(np.array(self._logits_view(rows), dtype=np.float32))
 
     def _logits_view(self, rows: int) -> np.ndarray:
-        pointer = self._llama.llama_get_logits(self._ctx)   # fetch anew: the buffer may move
-        key = (ctypes.cast(pointer, ctypes.c_void_p).value, rows)
-        if self._view_key != key:                           # as_array builds a ctypes type
-            self._view_key = key
-            self._view = np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
-        return self._view
+        """The first `rows` logits rows [rows, V] in place, valid until the next decode
+        (backends/llamacpp_logits.py)."""
+        return self._views.view(self._ctx, rows)
+
+    def _logits_rows(self, rows: int) -> list[np.ndarray]:
+        return self._views.rows(self._ctx, rows)
+
+    def _logits_row_tensors(self, rows: int) -> list[torch.Tensor]:
+        return self._views.row_tensors(self._ctx, rows)

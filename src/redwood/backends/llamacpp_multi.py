@@ -100,6 +100,12 @@ class _Prepared:
     extra: dict = field(default_factory=dict)
 
 
+def _one_token(job) -> bool:
+    """Whether a job is one Python-int token with its row (a plain step's append)."""
+    return type(job) is Append and job.rows == 1 and len(job.ids) == 1 \
+        and type(job.ids[0]) is int
+
+
 class MultiSeqContext:
     """One llama.cpp model and context shared by `lanes` requests (see the module doc)."""
 
@@ -251,9 +257,12 @@ class MultiSeqContext:
         self.backend._live()
         if len({id(job.lane) for job in jobs}) != len(jobs):
             raise RedwoodError("decode: at most one job per lane per decode")
-        if jobs and all(type(j) is Append and j.rows == 1 and len(j.ids) == 1
-                        and type(j.ids[0]) is int for j in jobs):
-            return self._decode_tokens(jobs, copy)
+        if jobs and all(_one_token(j) for j in jobs):
+            n = self._decode_tokens(jobs)
+            if not copy:
+                return list(self.backend._logits_row_tensors(n))
+            logits = torch.from_numpy(np.array(self.backend._logits_view(n)))
+            return [logits[i:i + 1] for i in range(n)]
         prepared = [self._prepare(job) for job in jobs]
         total = sum(len(p.ids) for p in prepared)
         self._check_fits(total)
@@ -290,11 +299,23 @@ class MultiSeqContext:
             start += len(kept)
         return out
 
-    def _decode_tokens(self, jobs: Sequence[Append], copy: bool) -> list[torch.Tensor]:
-        """decode() of one token per lane with its logits (every plain step of the batch):
-        the batch filled through ctypes and the rows returned as slices of one view. The
-        general path's per-job numpy arrays cost ~0.35 ms of a 35 ms step outside
-        llama_decode right after a decode (cold caches); same checks, same batch, same rows."""
+    def decode_rows(self, jobs: Sequence[Append]) -> list[np.ndarray]:
+        """decode() of one token per lane with its logits (Append(lane, [int], rows=1) each:
+        every plain step of the batch), returning each job's row [V] as a numpy view of
+        llama.cpp's buffer, valid until the next decode on this context. Skips the tensors
+        that decode(copy=False) wraps the rows in: ~0.1 ms right after a decode."""
+        if not jobs or not all(_one_token(j) for j in jobs):
+            raise RedwoodError("decode_rows takes one Python-int token with its row per job")
+        if len({id(job.lane) for job in jobs}) != len(jobs):
+            raise RedwoodError("decode: at most one job per lane per decode")
+        self.backend._live()
+        return self.backend._logits_rows(self._decode_tokens(jobs))
+
+    def _decode_tokens(self, jobs: Sequence[Append]) -> int:
+        """Run one token per lane (the short path of decode and decode_rows): the batch filled
+        through ctypes, no per-job numpy arrays (the general path's cost ~0.35 ms of a 35 ms
+        step outside llama_decode right after a decode: cold caches); same checks, same batch.
+        Returns the rows decoded (job order)."""
         rows = []
         for job in jobs:
             lane, token = job.lane, job.ids[0]
@@ -316,9 +337,7 @@ class MultiSeqContext:
         for job in jobs:
             job.lane.length += 1
             job.lane.tokens.append(job.ids[0])
-        view = self.backend._logits_view(len(rows))
-        logits = torch.from_numpy(np.array(view) if copy else view)
-        return [logits[i:i + 1] for i in range(len(rows))]
+        return len(rows)
 
     def _check_held(self, lane: Lane) -> None:
         if not lane.busy or lane not in self.lanes:

@@ -23,6 +23,7 @@ off and top-p 1 (the default); other settings keep the torch path.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -57,6 +58,7 @@ class PlainSampler:
             raise ValueError(f"tail_gap must be > 0, got {tail_gap}")
         self.tail_gap = float(tail_gap)
         self._uniforms: Uniforms | None = None
+        self._mask: np.ndarray | None = None      # [V] bool, the head's mask (reused)
 
     @staticmethod
     def handles(params) -> bool:
@@ -71,26 +73,43 @@ class PlainSampler:
             raise RedwoodError(f"the target's logits are not finite (max {top}): the model or "
                                "its file is broken")
         floor = top - self.tail_gap * temperature
-        head = np.flatnonzero(row >= floor)                       # [h] ids carrying the mass
-        weights = row[head]                                       # a copy: the row stays
-        weights -= np.float32(top)
-        weights *= np.float32(1.0 / temperature)
-        cdf = np.cumsum(np.exp(weights, out=weights), dtype=np.float64)
-        bound = math.exp(-self.tail_gap)                          # b >= any tail token's w
-        tail_mass = (row.shape[0] - head.shape[0]) * bound
+        if self._mask is None or self._mask.shape != row.shape:
+            self._mask = np.empty(row.shape, dtype=bool)          # reused: 152 KB a token
+        head = np.flatnonzero(np.greater_equal(row, floor, out=self._mask))   # [h] the mass
         if self._uniforms is None or self._uniforms.generator is not generator:
             self._uniforms = Uniforms(generator)                  # a new request's generator
+        cdf = _head_cdf(row[head], top, temperature)              # [h] float64, rising
+        bound = math.exp(-self.tail_gap)                          # b >= any tail token's w
+        tail_mass = (row.shape[0] - head.shape[0]) * bound
         uniform = self._uniforms.next
         tail = None
         while True:
             u = uniform() * (cdf[-1] + tail_mass)
             if u < cdf[-1]:
-                return int(head[min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)])
+                return int(head[min(bisect.bisect_right(cdf, u), len(cdf) - 1)])
             if tail is None:                                      # rare: build it on demand
                 tail = np.flatnonzero(row < floor)
             j = int(tail[min(int(uniform() * len(tail)), len(tail) - 1)])
             if uniform() * bound < math.exp((float(row[j]) - top) / temperature):
                 return j
+
+
+SMALL_HEAD = 64       # heads up to this many tokens are weighed in Python: each numpy call on
+                      # a tiny array costs 10-20 us right after a decode (cold), a float op 0.1
+
+
+def _head_cdf(logits: np.ndarray, top: float, temperature: float):
+    """Cumulative weights exp((x - top) / T) of the head's logits [h], in float64: a list for a
+    small head (bisect searches it), else an array (bisect works on both)."""
+    if len(logits) <= SMALL_HEAD:
+        scale, total, cdf = 1.0 / temperature, 0.0, []
+        for x in logits.tolist():
+            total += math.exp((x - top) * scale)
+            cdf.append(total)
+        return cdf
+    weights = logits - np.float32(top)                            # a copy: the row stays
+    weights *= np.float32(1.0 / temperature)
+    return np.cumsum(np.exp(weights, out=weights), dtype=np.float64)
 
 
 class Uniforms:

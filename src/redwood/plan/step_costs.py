@@ -53,6 +53,7 @@ class StepCosts:
         self._low, self._high = math.log(low), math.log(high)
         self._log = {kind: 0.0 for kind in KINDS}
         self.steps = {kind: 0 for kind in KINDS}      # recorded steps per kind
+        self._quantised: tuple | None = None          # quantised(), until the next record
 
     @property
     def ratios(self) -> dict:
@@ -61,9 +62,11 @@ class StepCosts:
 
     def quantised(self) -> tuple[float, float]:
         """(speculative, plain) ratios rounded to `quantum` in log space (part of the plan
-        cache's key)."""
-        return tuple(math.exp(round(self._log[kind] / self.quantum) * self.quantum)
-                     for kind in KINDS)
+        cache's key); kept until the next recorded step (the planner asks every step)."""
+        if self._quantised is None:
+            self._quantised = tuple(math.exp(round(self._log[kind] / self.quantum) * self.quantum)
+                                    for kind in KINDS)
+        return self._quantised
 
     def record(self, speculative: bool, predicted_ms: float | None, observed_s: float) -> bool:
         """One timed step: its plan's predicted ms and its observed seconds. Returns whether it
@@ -73,5 +76,6 @@ class StepCosts:
         kind = KINDS[0] if speculative else KINDS[1]
         sample = min(self._high, max(self._low, math.log(1000.0 * observed_s / predicted_ms)))
         self._log[kind] = self.decay * self._log[kind] + (1.0 - self.decay) * sample
+        self._quantised = None
         self.steps[kind] += 1
         return True

@@ -77,6 +77,7 @@ def propose(scheduler, work: list) -> None:
         if 1 < size <= room - (len(work) - i - 1):      # a root's row for every later request
             w.tree, w.tokens, w.point_mass = proposal.layout.tree, proposal.tokens, \
                 proposal.point_mass
+            w.expected_tokens = proposal.expected_tokens
         else:                                   # nothing worth drafting, or no room left
             if size > 1:
                 drafter.withdraw()
@@ -105,6 +106,11 @@ def commit(w, root: int) -> None:
     if w.proposed:
         # accepted drafted tokens (none after a plain step: its proposal was dropped)
         drafter.commit_tokens([int(w.tokens[u]) for u in w.path[1:]] if w.speculative else [])
+        if w.speculative and w.expected_tokens is not None:   # its prediction against the kept
+            stats = w.live.request.prediction
+            stats.predicted_tokens += w.expected_tokens
+            stats.predicted_steps_tokens += len(w.path)         # accepted + the bonus
+            stats.predicted_steps += 1
     else:
         drafter.skip(root)                      # a plain step no lookup ran for (first token)
 

@@ -10,6 +10,7 @@ import torch
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.params import SamplingParams
 from redwood.decode.plain_sampling import PlainSampler
+from redwood.decode.stats import StepStats
 from redwood.plan.batch_planner import LiveAcceptance
 
 
@@ -34,6 +35,8 @@ class BatchRequest:
     ngram_memory: bool = True                             # n-gram drafting: use and feed the memory
     match_counts: dict | None = None                      # n-gram drafts kept by match length
     cached_tokens: int = 0                                # prompt tokens not evaluated (reused)
+    # its n-gram drafter's predicted tokens per step against the kept (the predicted_* fields)
+    prediction: StepStats = field(default_factory=StepStats)
 
     def cancel(self) -> None:
         """Thread-safe: the scheduler drops the request at its next step."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from redwood.backends.llamacpp_multi import Append, TreeNodes
@@ -35,9 +36,11 @@ class Work:
     ran: set = field(default_factory=set)     # nodes the draft ran (they had children)
     catch_up: bool = False                    # planned a tree, but its draft lags: root only
     logits: torch.Tensor | None = None        # [n, V] target logits after each node
+    row: np.ndarray | None = None             # [V] a plain step's logits in place (or logits)
     path: list | None = None                  # accepted nodes from the root (verify)
     point_mass: torch.Tensor | None = None    # [n] bool: n-gram nodes (batch_ngram.py)
     proposed: bool = False                    # its n-gram drafter proposed this step
+    expected_tokens: float | None = None      # the drafter's E(tokens kept), bonus included
 
     @property
     def speculative(self) -> bool:
@@ -139,11 +142,16 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work], float]:
         jobs.append(Append(live.target_lane, list(ids) + [live.root] * first, int(first)))
     if not jobs:
         return 0, [], 0.0
+    plain = not chunks and not any(w.speculative for w in work)
     start = scheduler.clock()
-    outs = target.decode(jobs, copy=False)       # views: verify reads them before the next decode
+    # views: verify reads them before the next decode; a plain step's rows as numpy alone
+    outs = target.decode_rows(jobs) if plain else target.decode(jobs, copy=False)
     seconds = scheduler.clock() - start
     for w, out in zip(work, outs):
-        w.logits = out
+        if plain:
+            w.row = out
+        else:
+            w.logits = out
     first_work = []
     for (ids, live), first, out in zip(chunks, firsts, outs[len(work):]):
         live.prefilled += len(ids)
@@ -157,7 +165,8 @@ def verify(scheduler, w: Work) -> list[int]:
     Returns the step's new tokens (accepted path, then the bonus)."""
     live, params = w.live, w.live.request.params
     if not w.speculative:                      # the root was appended: sample the next token
-        bonus = sample_row(w.logits[0].numpy(), params, live.plain_sampler, live.generator)
+        row = w.row if w.row is not None else w.logits[0].numpy()
+        bonus = sample_row(row, params, live.plain_sampler, live.generator)
         if live.draft_lane is not None:
             live.pending.append(live.root)     # committed in the target, never run by the draft
         return [bonus]

@@ -128,6 +128,8 @@ class _Client:
             "mean_tree_nodes": round(sum(sizes) / len(sizes), 4) if sizes else 0.0}
         if request.match_counts is not None:
             speculative["acceptance_by_match"] = request.match_counts
+            speculative["predicted_vs_observed"] = request.prediction.predicted_vs_observed()
+            self.metrics.observe_prediction(request.prediction)
         self.metrics.cached_prompt_tokens.inc(request.cached_tokens)
         return Outcome(finish_reason="length" if length_hit else "stop",
                        prompt_tokens=len(request.prompt), completion_tokens=self.text.n_tokens,

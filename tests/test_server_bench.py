@@ -69,6 +69,23 @@ def test_request_body_is_neutral_and_uncached():
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_cache_prompt_reaches_every_server_only_when_asked():
+    """--cache-prompt: every timed request asks the server to keep its prompt cache; without
+    it every request says cache_prompt false (the warm-up never asks)."""
+    for cache_prompt in (False, True):
+        seen = []
+        server, url = serve_in_thread(0.0, tokens=2, seen=seen)
+        prompts = [BenchPrompt("agent", f"agent-{i}", torch.tensor([5, 6, 7 + i]), "agent")
+                   for i in range(2)]
+        config = ServerBenchConfig(methods=["llama-server"], rounds=1, max_tokens=2,
+                                   cache_prompt=cache_prompt)
+        try:
+            run_requests(config, prompts, {"llama-server": url}, progress=lambda s: None)
+        finally:
+            server.shutdown()
+        assert [body["cache_prompt"] for body in seen] == [False, cache_prompt, cache_prompt]
+
+
 def test_client_times_plain_and_streamed_requests():
     seen = []
     server, url = serve_in_thread(0.01, tokens=5, seen=seen)

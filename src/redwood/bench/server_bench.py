@@ -35,6 +35,9 @@ class ServerBenchConfig:
     max_tokens: int = 512
     seed: int = 0
     stream: bool = False
+    # keep each server's prompt cache (as agents and chat UIs run): a request reuses what the
+    # server's previous request shares with it; off, every request evaluates its whole prompt
+    cache_prompt: bool = False
     out_dir: str = "benchmarks/results"
     machine: str | None = None
     log_dir: str | None = None             # server logs (default: <out_dir>/server-logs)
@@ -66,14 +69,15 @@ class Record:
     extra: dict = field(default_factory=dict)
 
 
-def request_body(ids, temperature: float, seed: int, max_tokens: int, stream: bool) -> dict:
+def request_body(ids, temperature: float, seed: int, max_tokens: int, stream: bool,
+                 cache_prompt: bool = False) -> dict:
     """The body every server gets: a token-id prompt, neutral samplers but temperature (no
     top-k/min-p/typical/repetition penalty: llama-server's defaults would change the law),
-    no prompt cache (every request evaluates its whole prompt), natural stop."""
+    no prompt cache unless asked (every request evaluates its whole prompt), natural stop."""
     body = {"prompt": [int(t) for t in ids], "max_tokens": int(max_tokens),
             "temperature": float(temperature), "top_p": 1.0, "top_k": 0, "min_p": 0.0,
             "typical_p": 1.0, "repeat_penalty": 1.0, "seed": int(seed),
-            "cache_prompt": False, "stream": bool(stream)}
+            "cache_prompt": bool(cache_prompt), "stream": bool(stream)}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -127,7 +131,7 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
             for temperature in config.temperatures:
                 for i, prompt in enumerate(prompts):
                     body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
-                                        config.stream)
+                                        config.stream, config.cache_prompt)
                     for order, name in enumerate(rotated(names, i + r)):
                         reply = alone(name, servers, lambda: complete(urls[name], body))
                         tokens = reply.completion_tokens

@@ -357,6 +357,10 @@ def _add_bench(sub):
                    "else what `make llama-server` built in .venv/llama-server)")
     p.add_argument("--stream", action="store_true",
                    help="--servers: stream the answers (also records time to first token)")
+    p.add_argument("--cache-prompt", action="store_true",
+                   help="--servers: keep every server's prompt cache (a request reuses the "
+                   "prefix it shares with that server's previous one, as agent loops do); "
+                   "default: every request evaluates its whole prompt")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -398,7 +402,7 @@ def _cmd_bench_servers(args):
         prompts=args.prompts or 10, rounds=args.rounds,
         temperatures=tuple(args.temperatures or (0.0,)),
         max_tokens=args.max_new_tokens or 512, seed=args.seed, stream=args.stream,
-        out_dir=args.out_dir, machine=args.machine)
+        cache_prompt=args.cache_prompt, out_dir=args.out_dir, machine=args.machine)
     paths = run_servers_command(config, args.llama_server, args.target, args.draft,
                                 _bench_command(args))
     print("wrote " + ", ".join(paths.values()))

@@ -254,9 +254,7 @@ class MultiSeqContext:
         views of llama.cpp's output buffer instead (rows in batch order are zero-copy slices),
         valid until the next decode on this context: the scheduler's target step reads them
         all before that, and the 0.6 MB copy per row cost ~0.2 ms of a plain step."""
-        self.backend._live()
-        if len({id(job.lane) for job in jobs}) != len(jobs):
-            raise RedwoodError("decode: at most one job per lane per decode")
+        self._check_jobs(jobs)
         if jobs and all(_one_token(j) for j in jobs):
             n = self._decode_tokens(jobs)
             if not copy:
@@ -306,9 +304,7 @@ class MultiSeqContext:
         that decode(copy=False) wraps the rows in: ~0.1 ms right after a decode."""
         if not jobs or not all(_one_token(j) for j in jobs):
             raise RedwoodError("decode_rows takes one Python-int token with its row per job")
-        if len({id(job.lane) for job in jobs}) != len(jobs):
-            raise RedwoodError("decode: at most one job per lane per decode")
-        self.backend._live()
+        self._check_jobs(jobs)
         return self.backend._logits_rows(self._decode_tokens(jobs))
 
     def _decode_tokens(self, jobs: Sequence[Append]) -> int:
@@ -338,6 +334,12 @@ class MultiSeqContext:
             job.lane.length += 1
             job.lane.tokens.append(job.ids[0])
         return len(rows)
+
+    def _check_jobs(self, jobs) -> None:
+        """The context is open and no lane has two jobs (decode and decode_rows)."""
+        self.backend._live()
+        if len({id(job.lane) for job in jobs}) != len(jobs):
+            raise RedwoodError("decode: at most one job per lane per decode")
 
     def _check_held(self, lane: Lane) -> None:
         if not lane.busy or lane not in self.lanes:

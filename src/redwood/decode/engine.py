@@ -299,9 +299,7 @@ class Engine:
         if governor is not None:
             governor.record(len(path), step_ms(self.profile, tree, proposal.draft_forwards, costs))
         if proposal.expected_tokens is not None:     # the drafter's prediction against the kept
-            stats.predicted_tokens += proposal.expected_tokens
-            stats.predicted_steps_tokens += len(path)
-            stats.predicted_steps += 1
+            stats.record_prediction(proposal.expected_tokens, len(path))
         return [int(proposal.tokens[u]) for u in path[1:]] + [int(bonus)]
 
     def _verify_forward(self, tree, tokens, unrun, stats):

@@ -46,6 +46,13 @@ class StepStats:
         """Mean number of draft tokens the target checked per step (the tree size, pruned)."""
         return self.tree_nodes / self.target_forwards if self.target_forwards else 0.0
 
+    def record_prediction(self, expected_tokens: float, kept_tokens: int) -> None:
+        """One speculative step whose drafter predicted `expected_tokens` kept (bonus included)
+        and whose target kept `kept_tokens` (the accepted path's nodes, root = the bonus)."""
+        self.predicted_tokens += expected_tokens
+        self.predicted_steps_tokens += kept_tokens
+        self.predicted_steps += 1
+
     def predicted_vs_observed(self) -> dict:
         """Tokens per step the drafter predicted and the target kept, on the steps it predicted
         (empty when it never did): the calibration check of its acceptance estimates."""

@@ -107,10 +107,7 @@ def commit(w, root: int) -> None:
         # accepted drafted tokens (none after a plain step: its proposal was dropped)
         drafter.commit_tokens([int(w.tokens[u]) for u in w.path[1:]] if w.speculative else [])
         if w.speculative and w.expected_tokens is not None:   # its prediction against the kept
-            stats = w.live.request.prediction
-            stats.predicted_tokens += w.expected_tokens
-            stats.predicted_steps_tokens += len(w.path)         # accepted + the bonus
-            stats.predicted_steps += 1
+            w.live.request.prediction.record_prediction(w.expected_tokens, len(w.path))
     else:
         drafter.skip(root)                      # a plain step no lookup ran for (first token)
 

@@ -57,8 +57,8 @@ def copying_prompt(engine, start, n=40) -> list[int]:
 
 def test_batched_ngram_greedy_equals_plain_and_keeps_copies(contexts, engine):
     """Four requests at once (three that copy, one that does not): each output equals plain
-    greedy decoding of its prompt; copies are drafted and kept; proposals that would not fit
-    one decode (4 x 26-node budgets > n_batch 128) are dropped, not run."""
+    greedy decoding of its prompt; copies are drafted and kept; the trees are sized together
+    within one decode (n_batch 128), and what a drafter proposed is what ran."""
     prompts = [copying_prompt(engine, start) for start in COPY_STARTS[:3]] + [CLEAR_PROMPTS[2]]
     sched = ngram_scheduler(contexts)
     requests = [sched.submit(BatchRequest(p, SamplingParams(30), stop_on_eos=False))
@@ -86,6 +86,37 @@ def test_batched_ngram_greedy_equals_plain_and_keeps_copies(contexts, engine):
         assert sum(spec) <= stats.predicted_steps_tokens <= sum(spec) + max(r.tree_sizes)
         assert stats.predicted_tokens >= stats.predicted_steps      # E >= 1 (the bonus)
     assert requests[3].prediction.predicted_steps <= len(requests[3].steps)
+    assert_all_free(contexts[0])
+
+
+# a 2-core CPU's curve: verifying k tokens costs nearly k single steps
+STEEP = Profile({n: 30.0 + 25.0 * n for n in range(1, 65)}, {1: 0.1})
+
+
+def test_requests_decoding_together_size_their_trees_jointly(contexts, engine):
+    """On a steep cost curve a drafted node makes every request in the step wait: four copying
+    requests at once draft fewer nodes a step each than the same requests alone (the joint rule
+    of plan/joint_sizes.py), and the output is still plain greedy decoding's."""
+    prompts = [copying_prompt(engine, start) for start in COPY_STARTS]
+    drafting = BatchNgramDrafting(STEEP, AcceptanceModel, None, depth=16)
+    sched = BatchScheduler(contexts[0], None, FixedPlanner(ROOT_ONLY, N_BATCH), ngram=drafting)
+    alone = []
+    for prompt in prompts:
+        request = sched.submit(BatchRequest(prompt, SamplingParams(30), stop_on_eos=False,
+                                            cache_prompt=False))
+        sched.run(1000)
+        alone += [size - 1 for size in request.tree_sizes[1:]]
+    requests = [sched.submit(BatchRequest(p, SamplingParams(30), stop_on_eos=False,
+                                          cache_prompt=False)) for p in prompts]
+    together = []
+    while not all(r.done for r in requests):
+        sched.step()
+        if sched.last.decoding == len(prompts):
+            together += [size - 1 for size in sched.last.tree_sizes]
+    for request, prompt in zip(requests, prompts):
+        assert request.tokens == plain(engine, prompt, 30)
+    assert sum(alone) > 0 and together
+    assert sum(together) / len(together) < 0.8 * sum(alone) / len(alone)
     assert_all_free(contexts[0])
 
 
@@ -165,6 +196,26 @@ def test_batched_ngram_memory_feeds_later_requests_but_not_cancelled_ones(contex
     sched.run(1000)
     assert cancelled.finish_reason == "cancelled" and opted_out.finish_reason == "length"
     assert len(memory) == held
+    assert_all_free(contexts[0])
+
+
+def test_every_request_reads_and_teaches_one_acceptance_model(contexts, engine):
+    """What one request's steps showed about acceptance (by match length, depth and rank) is
+    what the next request drafts with, as in the single-request engine."""
+    sched = ngram_scheduler(contexts)
+    model = sched.ngram.model
+    first = sched.submit(BatchRequest(copying_prompt(engine, COPY_STARTS[0]), SamplingParams(20),
+                                      stop_on_eos=False))
+    sched.run(1000)
+    learnt = {key: list(counts) for key, counts in model.counts.items()}
+    assert first.finish_reason == "length" and sum(t for _, t in learnt.values()) > 0
+    second = sched.submit(BatchRequest(copying_prompt(engine, COPY_STARTS[1]),
+                                       SamplingParams(20), stop_on_eos=False))
+    sched.step()
+    assert sched.live[0].ngram.model is model
+    sched.run(1000)
+    assert second.finish_reason == "length"
+    assert sum(c[1] for c in model.counts.values()) > sum(t for _, t in learnt.values())
     assert_all_free(contexts[0])
 
 

@@ -30,7 +30,7 @@ def run_demo(config: ModelConfig, max_new_tokens: int = 128, problem: int = 0,
     if task not in ("edit", "humaneval"):
         raise RedwoodError(f"--task must be edit or humaneval, got {task!r}")
     backend = choose_backend(config.backend, config.target, config.draft, config.device)
-    edit_default = task == "edit" and config.drafter == "model"      # free drafts pay on edits
+    edit_default = task == "edit" and config.drafter in (None, "model")  # free drafts pay on edits
     config = replace(config, backend=backend, drafter="ngram" if edit_default else config.drafter)
     prompt, chat, title = _demo_prompt(task, problem)
     print(f"loading the model pair on the {backend} backend (the first run assembles or "
@@ -106,14 +106,25 @@ def _report(baseline_count, baseline_seconds, same, tokens, redwood_seconds, lab
 
 def planner_line(engine, config) -> str:
     """One or two lines on what the planner chose and why."""
+    from redwood.decode.hybrid_drafter import HybridDrafter
+    from redwood.decode.ngram_drafter import NgramDrafter
+
     tree, source = engine.tree, engine.tree.source
-    if config.drafter == "ngram":
+    if isinstance(engine.drafter, NgramDrafter):
         t = engine.profile.target_ms if engine.profile is not None else {}
         costs = ", ".join(f"t({n}) = {t[n]:.0f} ms" for n in (1, 2, 4, 8) if n in t)
         return ("planner: prompt-lookup drafts cost nothing to make, but verifying them does "
                 f"({costs} on this machine): each step keeps the n-gram tree that maximises "
                 "expected tokens / t(n), plain steps where matches are weak")
-    if config.drafter in ("hybrid", "auto"):
+    hybrid = isinstance(engine.drafter, HybridDrafter)
+    if hybrid and len(engine.drafter.plans(0.0)) > 2 and engine.drafter.plans(0.0)[2] == "ngram":
+        t = engine.profile.target_ms if engine.profile is not None else {}
+        costs = ", ".join(f"t({n}) = {t[n]:.0f} ms" for n in (1, 2, 4, 8) if n in t)
+        return ("planner (--drafter auto): no draft-model tree beats plain decoding on this "
+                f"machine ({costs}), so drafts come from prompt lookup alone: each step keeps "
+                "the n-gram tree that maximises expected tokens / t(n), plain steps where "
+                "matches are weak")
+    if hybrid:
         return ("planner: each step weighs the free n-gram tree (expected tokens / t(n)) against "
                 "the draft model's tree planned for this machine (its live tokens per ms), "
                 "grafting n-gram continuations onto the model's tree when the model runs")

@@ -226,7 +226,7 @@ def _add_serve(sub):
                    help="llama.cpp backend: serve up to N requests at once in one batch, with "
                    "trees planned for the batch (default: from this machine's profile, at most "
                    "16; with --drafter ngram 16, each request's prompt-lookup drafter sizing its "
-                   "own trees); 1 = one request at a time (needed for --drafter hybrid|auto). "
+                   "own trees); 1 = one request at a time (needed for --drafter hybrid). "
                    "The transformers backend serves one at a time")
     p.add_argument("--no-prompt-cache", action="store_true",
                    help="prefill every prompt in full (default: reuse the KV of the longest "
@@ -253,6 +253,7 @@ def _cmd_serve(args):
     import os
     from pathlib import Path
 
+    from redwood.cli.textgen import default_drafter
     from redwood.measure.bundles import find_bundle, is_bundle_dir, shipped_bundle_dir
     from redwood.models.runtime import choose_backend
     from redwood.models.shipped import DEFAULT_PAIR
@@ -289,12 +290,13 @@ def _cmd_serve(args):
         raise RedwoodError(f"--cache-tokens must be at least 0, got {args.cache_tokens}")
     if args.ngram_memory < 0:
         raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
-    batched_drafters = ("model", "ngram")
+    args.drafter = default_drafter(args.drafter, backend, bundle)
+    batched_drafters = ("model", "ngram", "auto")
     if args.drafter not in batched_drafters and backend == "llamacpp" \
             and args.max_batch not in (None, 1):
         raise RedwoodError("continuous batching drafts with the draft model or by prompt lookup "
-                           f"(ngram); use --max-batch 1 with --drafter {args.drafter} (one "
-                           "request at a time)")
+                           f"(ngram, or auto: one of them for this machine); use --max-batch 1 "
+                           f"with --drafter {args.drafter} (one request at a time)")
     if backend == "llamacpp" and args.max_batch != 1 and args.drafter in batched_drafters:
         from redwood.serve.batch_setup import load_batch_scheduler
 
@@ -305,8 +307,10 @@ def _cmd_serve(args):
                                                  drafter=args.drafter,
                                                  ngram_memory=args.ngram_memory)
         bundle = None
-        print(f"redwood serve: continuous batching of up to {engine.max_batch} requests",
-              file=sys.stderr)
+        drafts = "prompt lookup" if engine.ngram is not None else \
+            "the draft model where it pays" if engine.draft is not None else "none"
+        print(f"redwood serve: continuous batching of up to {engine.max_batch} requests "
+              f"(drafts: {drafts})", file=sys.stderr)
     else:
         engine, tokenizer = load_engine(model_config)
         engine.prompt_cache = not args.no_prompt_cache

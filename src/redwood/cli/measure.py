@@ -18,6 +18,8 @@ def _add_quick(p):
 
 
 def _no_tree(args, drafters=("model",)):
+    if getattr(args, "drafter", None) is None:
+        args.drafter = "model"               # measuring verbs measure the draft model by default
     if args.tree is not None:
         raise RedwoodError(f"--tree does not apply to `redwood {args.verb}` (it measures the "
                            "models; `redwood tune` makes trees)")

@@ -19,13 +19,15 @@ def _add_model_args(p):
                    help="adaptive trees: a node gets draft children only while the draft gave "
                    "every token on its path probability >= C (0 = draft the whole tree; default: "
                    "the tuned bundle's value with --tree auto, else 0). Output stays exact")
-    p.add_argument("--drafter", default="model", choices=["model", "ngram", "hybrid", "auto"],
-                   help="where drafts come from: the draft model (default), prompt lookup "
-                   "(ngram: matches in the prompt and the text so far, free drafts, best for "
-                   "edits of pasted code and documents), or hybrid (both in one tree; each step "
-                   "spends its time where this machine's costs and the live acceptance say), or "
-                   "auto (per temperature from the tuned bundle planned for this machine: "
-                   "ngram where no draft-model tree pays, else hybrid)")
+    p.add_argument("--drafter", default=None, choices=["model", "ngram", "hybrid", "auto"],
+                   help="where drafts come from: the draft model, prompt lookup (ngram: matches "
+                   "in the prompt and the text so far, free drafts, best for edits of pasted "
+                   "code and documents), or hybrid (both in one tree; each step spends its time "
+                   "where this machine's costs and the live acceptance say), or auto (per "
+                   "temperature from the tuned bundle planned for this machine: ngram where no "
+                   "draft-model tree pays, else hybrid; the batched server decides once, ngram "
+                   "or model). Default: auto on llama.cpp with a tuned bundle (the shipped "
+                   "pair), else model")
     p.add_argument("--grow", action=argparse.BooleanOptionalAction, default=None,
                    help="grow each step's tree best-first by calibrated path acceptance, level by "
                    "level, while the next level is worth its cost on this machine (the bundle's "
@@ -60,4 +62,5 @@ def _model_config(args):
                        grow=getattr(args, "grow", None),
                        draft_confidence=args.draft_confidence, backend=args.backend,
                        bundle_latencies=getattr(args, "bundle_latencies", False),
-                       drafter=getattr(args, "drafter", "model"))
+                       drafter=getattr(args, "drafter", None))
+

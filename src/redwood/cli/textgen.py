@@ -30,8 +30,20 @@ class ModelConfig:
     draft_confidence: float | None = None  # pruning threshold; None = the bundle's, else 0
     backend: str = "auto"              # "auto" | "llamacpp" | "hf" (see redwood.models.runtime)
     bundle_latencies: bool = False     # plan a bundle's trees with its own profile, not this machine's
-    drafter: str = "model"             # "model": the draft model; "ngram": prompt lookup (free
-                                       # drafts); "hybrid": both in one tree, chosen per step
+    drafter: str | None = "model"      # "model": the draft model; "ngram": prompt lookup (free
+                                       # drafts); "hybrid": both in one tree, chosen per step;
+                                       # "auto": per temperature; None: the CLI's default
+                                       # (default_drafter below)
+
+
+def default_drafter(drafter: str | None, backend: str, bundle) -> str:
+    """The drafter asked for, else the default: auto on llama.cpp with a tuned bundle (it
+    drafts with the model only where the bundle's trees pay on this machine, else by prompt
+    lookup, which sizes every step on this machine's costs and runs plain steps where nothing
+    matches well), else the draft model."""
+    if drafter is not None:
+        return drafter
+    return "auto" if backend == "llamacpp" and bundle is not None else "model"
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -71,6 +83,7 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                     config.bundle_latencies or config.kernels == "stock"))
         else:
             tree = resolve_tree(config.tree, temperature, pair, backend)
+    config = replace(config, drafter=default_drafter(config.drafter, backend, bundle))
     check_draft_confidence(confidence or 0.0)          # before minutes of model loading
     loaded = load_models(config.model, target=config.target, draft=config.draft, backend=backend,
                          dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,

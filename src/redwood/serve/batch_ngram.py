@@ -11,30 +11,42 @@ Costs: each request's drafter reads a `LiveCosts` (plan/live_costs.py) built fro
 machine's profile at its context. A step in which the request decoded alone, with no prompt
 chunk in the decode, is what the profile predicts for its tree size, so its target decode time
 corrects that request's costs; steps shared with other requests are not attributed (a tree's
-marginal cost inside a larger decode is not t(n)), and then each request's tree is sized as if
-it ran alone, the whole step bounded by n_batch.
+marginal cost inside a larger decode is not t(n)). Requests that decode together have their
+trees sized jointly on the profile's t(total tokens) (plan/joint_sizes.py): a drafted node
+makes every request in the step wait, so it must pay for all of them.
 """
 from __future__ import annotations
 
 import torch
 
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree, tree_limits
 from redwood.plan.batch_planner import ROOT_ONLY
-from redwood.plan.live_costs import LiveCosts
+from redwood.plan.joint_sizes import joint_sizes
+from redwood.plan.live_costs import CONTEXT_BUCKET, LiveCosts, measured_ms
 from redwood.plan.tree import chain
 
 
 class BatchNgramDrafting:
     """What every request's n-gram drafter is made from: the machine's profile (plan.formats.
-    Profile, llama.cpp's by-context table), the acceptance model's priors (a factory, so each
-    request learns its own), an optional shared memory, and the budget tree whose limits
-    bound every proposal (its node count is what a request reserves beyond its text)."""
+    Profile, llama.cpp's by-context table), one acceptance model (made by `model_factory`
+    from the bundle's priors) that every request reads and teaches, an optional shared
+    memory, and the budget tree whose limits bound every proposal (its node count is what a
+    request reserves beyond its text).
+
+    Why one model for the server: the priors are calibrated on edits, where a 4-7-token match
+    usually goes on copying; on chat at T = 0.6 it does far less often. A model per request
+    relearnt that in every request, and long-match keys are rare within one answer, so every
+    request drafted on the edit priors for its rare long matches (predictions read 13-20 %
+    above what the target kept). The single-request engine keeps its drafter's model across
+    requests in the same way; the verifiers stay exact (only past outcomes shape a tree)."""
 
     def __init__(self, profile, model_factory, memory=None, depth: int = COPY_DEPTH):
-        self.profile, self.model_factory, self.memory = profile, model_factory, memory
+        self.profile, self.memory = profile, memory
+        self.model = model_factory()
         self.budget = TreeLayout.build(ngram_budget_tree(depth=depth), "cpu")
         self.chain = TreeLayout.build(chain(depth), "cpu")     # the `chain` method's limits
+        self._table: tuple[int, dict[int, float]] | None = None   # (cells bucket, its t(n))
 
     def limits(self, method: str) -> TreeLayout:
         """The tree a request's proposals must fit: one chain for the chain method (the
@@ -45,13 +57,22 @@ class BatchNgramDrafting:
     def max_nodes(self) -> int:
         return len(self.budget.tree)
 
+    def step_ms_at(self, cells: int) -> dict[int, float]:
+        """The profile's {n: ms} for a shared decode while the lanes hold `cells` KV cells in
+        all (one unified cache: every forward attends over the cells in use), re-read per
+        CONTEXT_BUCKET."""
+        bucket = int(cells) // CONTEXT_BUCKET
+        if self._table is None or self._table[0] != bucket:
+            self._table = (bucket, self.profile.target_ms_at(bucket * CONTEXT_BUCKET))
+        return self._table[1]
+
     def start(self, prompt: list[int], use_memory: bool) -> NgramDrafter:
         """A drafter for a new request holding `prompt` (the tokens before its first root),
         its costs from the profile at that context."""
         profile = self.profile
         drafter = NgramDrafter(target_ms=profile.target_ms,
                                target_ms_by_context=profile.target_ms_by_context,
-                               model=self.model_factory(), max_length=self.budget.tree.num_levels,
+                               model=self.model, max_length=self.budget.tree.num_levels,
                                memory=self.memory)
         drafter.costs = LiveCosts.for_request(profile, len(prompt))
         drafter.use_memory = bool(use_memory)
@@ -61,29 +82,59 @@ class BatchNgramDrafting:
 
 def propose(scheduler, work: list) -> None:
     """Give every ready n-gram request this step's proposal (w.tree, w.tokens, w.point_mass);
-    a request whose drafter proposes nothing, or whose tree would not fit the decode, keeps the
-    root alone. Called after the planner (which plans no trees without a draft model)."""
+    a request whose drafter proposes nothing keeps the root alone. Called after the planner
+    (which plans no trees without a draft model).
+
+    One request decoding alone sizes its tree on its own live costs (E(n) / t(n), corrected by
+    what its lone steps took). Several decoding together share one forward: their trees are
+    sized jointly (plan/joint_sizes.py), so drafted nodes go where they pay for every request's
+    wait, and the whole decode fits n_batch."""
     drafting = scheduler.ngram
-    room = scheduler.target.n_batch
-    for i, w in enumerate(work):
+    lanes = [w for w in work if w.live.ngram is not None]
+    for w in lanes:
+        w.live.ngram.costs.follow(_context(w))
+    if len(work) == 1 and lanes:
+        w = lanes[0]
+        proposal = w.live.ngram.propose(w.live.root, drafting.limits(w.live.request.method),
+                                        w.live.chooser)
+        _set(w, proposal, scheduler.target.n_batch)
+        return
+    looked = []
+    for w in lanes:
+        start = w.live.ngram.clock()
+        layout = drafting.limits(w.live.request.method)
+        trie, taken, values = w.live.ngram.lookup(w.live.root, tree_limits(layout.tree),
+                                                  bool(w.live.chooser.greedy))
+        looked.append((w, layout, trie, taken, values, start))
+    fixed = sum(len(w.tree) for w in work if w.live.ngram is None)
+    table = drafting.step_ms_at(sum(_context(w) for w in work))
+    sizes = joint_sizes([x[4] for x in looked], lambda total: measured_ms(table, total), fixed,
+                        scheduler.target.n_batch)
+    for (w, layout, trie, taken, values, start), k in zip(looked, sizes):
         drafter = w.live.ngram
-        if drafter is None:
-            room -= len(w.tree)
-            continue
-        drafter.costs.follow(len(w.live.request.prompt) + len(w.live.request.tokens))
-        proposal = drafter.propose(w.live.root, drafting.limits(w.live.request.method),
-                                   w.live.chooser)
-        size = len(proposal.layout.tree)
-        if 1 < size <= room - (len(work) - i - 1):      # a root's row for every later request
-            w.tree, w.tokens, w.point_mass = proposal.layout.tree, proposal.tokens, \
-                proposal.point_mass
-            w.expected_tokens = proposal.expected_tokens
-        else:                                   # nothing worth drafting, or no room left
-            if size > 1:
-                drafter.withdraw()
-            w.tree = ROOT_ONLY
-        w.proposed = True
-        room -= len(w.tree)
+        proposal = drafter.proposal(trie, taken[:k], layout, drafter.clock() - start)
+        proposal.expected_tokens = 1.0 + sum(values[:k])
+        _set(w, proposal, scheduler.target.n_batch)
+
+
+def _context(w) -> int:
+    """Cells a request holds: its prompt and its tokens so far."""
+    return len(w.live.request.prompt) + len(w.live.request.tokens)
+
+
+def _set(w, proposal, room: int) -> None:
+    """The request's part of the step: the proposal's tree, or the root alone when it drafts
+    nothing (or, alone, would not fit one decode)."""
+    size = len(proposal.layout.tree)
+    if 1 < size <= room:
+        w.tree, w.tokens, w.point_mass = proposal.layout.tree, proposal.tokens, \
+            proposal.point_mass
+        w.expected_tokens = proposal.expected_tokens
+    else:
+        if size > 1:
+            w.live.ngram.withdraw()
+        w.tree = ROOT_ONLY
+    w.proposed = True
 
 
 def undo(work: list) -> None:

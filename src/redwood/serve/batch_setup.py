@@ -121,13 +121,18 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
     are made; without speculation all 16 are used; idle lanes hold cached prefixes).
     prefix_cache / cache_tokens: BatchScheduler's. drafter "ngram": draft by prompt lookup
     (serve/batch_ngram.py; the draft model is loaded only to find or take this machine's
-    profile), with a memory of earlier answers of ngram_memory tokens (0 = none)."""
+    profile), with a memory of earlier answers of ngram_memory tokens (0 = none). drafter
+    "auto": prompt lookup where the tuned bundle's acceptance vectors, planned on this
+    machine's profile, give no draft-model tree that beats plain decoding at any of its
+    temperatures (every 2-core CPU measured so far), else the draft model; without a bundle,
+    the draft model."""
     from redwood.backends.llamacpp_multi import MultiSeqContext
     from redwood.models.hf_loading import load_tokenizer
 
-    if drafter not in ("model", "ngram"):
+    if drafter not in ("model", "ngram", "auto"):
         raise RedwoodError(f"continuous batching drafts with the draft model or by prompt "
-                           f"lookup (ngram), not {drafter!r}; use --max-batch 1 for it")
+                           f"lookup (ngram, or auto: one of them for this machine), not "
+                           f"{drafter!r}; use --max-batch 1 for it")
     target, draft, tokenizer_source, pair = _model_paths(model, target, draft, progress)
     fixed, bundle = _trees(tree, pair)                      # checked before minutes of loading
     lanes = max_batch or MAX_LANES
@@ -136,10 +141,15 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
     contexts = []
     try:
         contexts.append(MultiSeqContext.load(target, lanes, leaves, n_ctx, N_BATCH, n_threads))
-        ngram = None
+        ngram, profile = None, None
+        if method != "autoregressive" and drafter == "auto":
+            profile = _machine_profile(contexts[0], draft, progress, cache_dir) \
+                if bundle is not None else None
+            drafter = "ngram" if profile is not None and model_declines(profile, bundle) \
+                else "model"
         if method != "autoregressive" and drafter == "ngram":
-            ngram = _ngram_drafting(contexts[0], draft, bundle, ngram_memory, progress,
-                                    cache_dir)
+            profile = profile or _machine_profile(contexts[0], draft, progress, cache_dir)
+            ngram = _ngram_drafting(profile, bundle, ngram_memory)
             max_batch = max_batch or lanes
         elif method != "autoregressive":
             contexts.append(MultiSeqContext.load(draft, lanes, leaves, n_ctx, N_BATCH, n_threads))
@@ -155,22 +165,37 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
         raise
 
 
-def _ngram_drafting(target, draft_path, bundle, memory_tokens: int, progress, cache_dir):
-    """The batch's prompt-lookup drafting: this machine's profile of the target (the one the
-    single-request n-gram drafter uses, cached per machine and pair: the draft model is
-    loaded for its key and, on first use, its measurement), the bundle's n-gram priors."""
+def model_declines(profile: Profile, bundle) -> bool:
+    """Whether no draft-model tree beats plain decoding on this machine at any of the bundle's
+    temperatures (its acceptance vectors planned on `profile`, measure/hybrid_plans.py)."""
+    from redwood.measure.hybrid_plans import hybrid_plans
+
+    plans = hybrid_plans(profile, bundle, auto=True)
+    return all(plans(e.temperature)[2] == "ngram" for e in bundle.entries)
+
+
+def _machine_profile(target, draft_path, progress, cache_dir) -> Profile:
+    """This machine's profile of the target, the one the single-request drafters use (cached
+    per machine and pair: the draft model is loaded for its key and, on first use, its
+    measurement)."""
     from redwood.backends.llamacpp import LlamaCppBackend
-    from redwood.decode.ngram_memory import NgramMemory
     from redwood.measure.machine_profile import machine_profile
-    from redwood.measure.ngram_calibration import acceptance_model
-    from redwood.serve.batch_ngram import BatchNgramDrafting
 
     draft = LlamaCppBackend(draft_path, n_ctx=4096, n_threads=target.backend.n_threads)
     try:
-        profile = machine_profile(target.backend, draft, cache_dir=cache_dir, progress=progress)
+        return machine_profile(target.backend, draft, cache_dir=cache_dir, progress=progress)
     finally:
         draft.close()
         target.backend.reset()
+
+
+def _ngram_drafting(profile: Profile, bundle, memory_tokens: int):
+    """The batch's prompt-lookup drafting: this machine's profile, the bundle's n-gram priors,
+    a memory of earlier answers of memory_tokens (0 = none)."""
+    from redwood.decode.ngram_memory import NgramMemory
+    from redwood.measure.ngram_calibration import acceptance_model
+    from redwood.serve.batch_ngram import BatchNgramDrafting
+
     memory = NgramMemory(max_tokens=memory_tokens) if memory_tokens > 0 else None
     return BatchNgramDrafting(profile, lambda: acceptance_model(bundle), memory)
 

@@ -33,7 +33,7 @@ class ModelConfig:
     drafter: str | None = "model"      # "model": the draft model; "ngram": prompt lookup (free
                                        # drafts); "hybrid": both in one tree, chosen per step;
                                        # "auto": per temperature; None: the CLI's default
-                                       # (default_drafter below)
+                                       # (default_drafter)
 
 
 def default_drafter(drafter: str | None, backend: str, bundle) -> str:

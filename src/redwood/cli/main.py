@@ -290,7 +290,7 @@ def _cmd_serve(args):
         raise RedwoodError(f"--cache-tokens must be at least 0, got {args.cache_tokens}")
     if args.ngram_memory < 0:
         raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
-    args.drafter = default_drafter(args.drafter, backend, bundle)
+    args.drafter = default_drafter(args.drafter, backend, bool(args.tree) and bundle is None)
     batched_drafters = ("model", "ngram", "auto")
     if args.drafter not in batched_drafters and backend == "llamacpp" \
             and args.max_batch not in (None, 1):
@@ -324,8 +324,10 @@ def _cmd_serve(args):
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)
-    trees = (f"bundle {bundle.directory}" if bundle else "trees planned per batch"
-             if getattr(engine, "batched", False) else f"tree of {len(engine.tree)} nodes")
+    batched = getattr(engine, "batched", False)
+    trees = (f"bundle {bundle.directory}" if bundle else
+             "n-gram trees sized per step" if batched and engine.ngram is not None else
+             "trees planned per batch" if batched else f"tree of {len(engine.tree)} nodes")
     print(f"redwood serve: {config.model_name} ({args.method}, {trees}, {backend} backend) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run_server(create_app(engine, tokenizer, config), config)

@@ -26,8 +26,7 @@ def _add_model_args(p):
                    "where this machine's costs and the live acceptance say), or auto (per "
                    "temperature from the tuned bundle planned for this machine: ngram where no "
                    "draft-model tree pays, else hybrid; the batched server decides once, ngram "
-                   "or model). Default: auto on llama.cpp with a tuned bundle (the shipped "
-                   "pair), else model")
+                   "or model). Default: ngram on llama.cpp, model on transformers")
     p.add_argument("--grow", action=argparse.BooleanOptionalAction, default=None,
                    help="grow each step's tree best-first by calibrated path acceptance, level by "
                    "level, while the next level is worth its cost on this machine (the bundle's "

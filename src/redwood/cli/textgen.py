@@ -36,14 +36,21 @@ class ModelConfig:
                                        # (default_drafter)
 
 
-def default_drafter(drafter: str | None, backend: str, bundle) -> str:
-    """The drafter asked for, else the default: auto on llama.cpp with a tuned bundle (it
-    drafts with the model only where the bundle's trees pay on this machine, else by prompt
-    lookup, which sizes every step on this machine's costs and runs plain steps where nothing
-    matches well), else the draft model."""
+def default_drafter(drafter: str | None, backend: str, tree_file: bool = False) -> str:
+    """The drafter asked for, else the default: prompt lookup on llama.cpp (free drafts, each
+    step sized on this machine's live costs, plain steps where nothing matches well), the
+    draft model on the transformers backend (grown trees there) and wherever a tree JSON was
+    given (`--tree FILE`: a tree for the draft model).
+
+    Why not the planner's choice (`auto`) on llama.cpp: the draft model's trees are chosen from
+    the first-use profile and the bundle's acceptance, and on the 2-core CPUs measured that
+    choice never beat plain llama-server end to end, while prompt lookup drafts only what it
+    expects to pay on the request's live costs (README, "a third EPYC": the batched server with
+    the draft model planned no tree and measured 0.94-0.97x plain llama-server, prompt lookup
+    1.04-1.14x on prompts no server had seen)."""
     if drafter is not None:
         return drafter
-    return "auto" if backend == "llamacpp" and bundle is not None else "model"
+    return "ngram" if backend == "llamacpp" and not tree_file else "model"
 
 
 def load_engine(config: ModelConfig, progress: bool = True, temperature: float = 0.0):
@@ -83,7 +90,8 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
                     config.bundle_latencies or config.kernels == "stock"))
         else:
             tree = resolve_tree(config.tree, temperature, pair, backend)
-    config = replace(config, drafter=default_drafter(config.drafter, backend, bundle))
+    tree_file = config.tree is not None and bundle is None
+    config = replace(config, drafter=default_drafter(config.drafter, backend, tree_file))
     check_draft_confidence(confidence or 0.0)          # before minutes of model loading
     loaded = load_models(config.model, target=config.target, draft=config.draft, backend=backend,
                          dtype=config.dtype, device=config.device, draft_quantize=draft_quantize,

@@ -13,8 +13,9 @@ both latencies.
 
 Methods (each server a subprocess on 127.0.0.1, started once per method, asked through the
 same client):
-- batched-spec:   `redwood serve --max-batch 16`, trees planned per batch (speculation where
-  it pays);
+- batched-spec:   `redwood serve --max-batch 16` with its default drafter (on llama.cpp prompt
+  lookup, trees of requests decoding together sized jointly; with --drafter model, trees
+  planned per batch where they pay);
 - batched-plain:  --max-batch 16 --method autoregressive (continuous batching, no draft);
 - one-at-a-time:  --max-batch 1 (the single-request engine; --tree auto on the shipped pair);
 - llama-server:   llama.cpp's own server on the same target GGUF (`make llama-server`, or

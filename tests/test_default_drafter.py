@@ -56,3 +56,24 @@ def test_generate_on_gguf_files_drafts_by_prompt_lookup_by_default(tiny_gguf_pai
     assert default["draft_forwards"] == 0 and set(default["accepted_by_source"]) <= {"ngram"}
     assert default["acceptance_by_match"] and not model.get("acceptance_by_match")
     assert any((tmp_path / "cache").rglob("*.json")), "no machine profile was cached"
+
+
+def test_the_demo_says_which_drafter_decides():
+    """The demo's planner line names what the engine really drafts with: prompt lookup (the
+    default on llama.cpp), `auto` in its free-drafts mode, or the hybrid weighing both."""
+    from types import SimpleNamespace
+
+    from redwood.cli.demo import planner_line
+    from redwood.decode.hybrid_drafter import HybridDrafter
+    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+
+    tree = ngram_budget_tree()
+    engine = SimpleNamespace(drafter=NgramDrafter(), tree=tree, profile=STEEP)
+    line = planner_line(engine, SimpleNamespace(drafter=None, tree=None))
+    assert "prompt-lookup" in line and "t(1) = 37 ms" in line
+    for mode, expected in (("ngram", "no draft-model tree beats plain decoding"),
+                           ("hybrid", "weighs the free n-gram tree")):
+        hybrid = object.__new__(HybridDrafter)
+        hybrid.plans = lambda temperature, mode=mode: (tree, 2.0, mode)
+        engine = SimpleNamespace(drafter=hybrid, tree=tree, profile=STEEP)
+        assert expected in planner_line(engine, SimpleNamespace(drafter="auto", tree=None))

@@ -41,7 +41,7 @@ def test_generate_on_gguf_files_drafts_by_prompt_lookup_by_default(tiny_gguf_pai
     the draft model's path (an explicit --drafter model) decodes greedily."""
     import json
 
-    from redwood.cli import main
+    from redwood.cli.main import main
 
     target, draft = tiny_gguf_pair
     monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "cache"))

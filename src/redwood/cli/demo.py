@@ -110,16 +110,14 @@ def planner_line(engine, config) -> str:
     from redwood.decode.ngram_drafter import NgramDrafter
 
     tree, source = engine.tree, engine.tree.source
+    t = engine.profile.target_ms if engine.profile is not None else {}
+    costs = ", ".join(f"t({n}) = {t[n]:.0f} ms" for n in (1, 2, 4, 8) if n in t)
     if isinstance(engine.drafter, NgramDrafter):
-        t = engine.profile.target_ms if engine.profile is not None else {}
-        costs = ", ".join(f"t({n}) = {t[n]:.0f} ms" for n in (1, 2, 4, 8) if n in t)
         return ("planner: prompt-lookup drafts cost nothing to make, but verifying them does "
                 f"({costs} on this machine): each step keeps the n-gram tree that maximises "
                 "expected tokens / t(n), plain steps where matches are weak")
     hybrid = isinstance(engine.drafter, HybridDrafter)
-    if hybrid and len(engine.drafter.plans(0.0)) > 2 and engine.drafter.plans(0.0)[2] == "ngram":
-        t = engine.profile.target_ms if engine.profile is not None else {}
-        costs = ", ".join(f"t({n}) = {t[n]:.0f} ms" for n in (1, 2, 4, 8) if n in t)
+    if hybrid and engine.drafter.plans(0.0)[2:] == ("ngram",):
         return ("planner (--drafter auto): no draft-model tree beats plain decoding on this "
                 f"machine ({costs}), so drafts come from prompt lookup alone: each step keeps "
                 "the n-gram tree that maximises expected tokens / t(n), plain steps where "

@@ -2,6 +2,8 @@
 agent sends (the whole conversation every turn), with each server's prompt cache on (its default).
 
     python benchmarks/multi_turn.py --label defaults --methods llama-server redwood
+    python benchmarks/multi_turn.py --label chat-rounds --workloads chat --sessions 5 --rounds 3 \
+        --methods llama-server llama-server-again redwood
     python benchmarks/multi_turn.py --label ngram --workloads coding \\
         --methods llama-server-spec-default redwood-ngram
 
@@ -14,15 +16,19 @@ Workloads (`--workloads`, all by default):
   prefix cached).
 Every prompt is the chat template over the conversation so far, as token ids, sent streamed to
 /v1/completions (greedy, natural stop, `cache_prompt` left on), so every server gets the same ids.
-Sessions alternate which server goes first; idle servers are paused while one answers. Prints
-per turn wall time, time to first token and the cached tokens each server reports, per session
-totals and ratios to the first method; writes JSON under benchmarks/results/.
+Sessions alternate which server goes first; idle servers are paused while one answers. With
+`--rounds N` every round starts every server afresh (empty prompt caches, no memory of the last
+round's answers, one untimed warm-up request each), so a round repeats the same work and the
+summary can give each session's median and best time over rounds beside the per-round ratios.
+Prints per turn wall time, time to first token and the cached tokens each server reports, per
+session totals and ratios to the first method; writes JSON under benchmarks/results/.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import datetime
+import hashlib
 import json
 import statistics
 import sys
@@ -48,6 +54,8 @@ WORKLOADS = ("coding", "chat", "burst")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=2, help="sessions per workload")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeats of every session, each on freshly started servers")
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--methods", nargs="+", default=["llama-server", "redwood"])
@@ -60,27 +68,45 @@ def main(argv=None) -> int:
     from redwood.bench.server_specs import check_methods
 
     setup, tokenizer = server_setup(find_llama_server(None), None, None)
-    methods = [m.name for m in check_methods(args.methods)]
-    servers = start_servers(check_methods(args.methods), setup, Path(args.out_dir) / "server-logs")
+    specs = check_methods(args.methods)
+    methods = [m.name for m in specs]
     rows = []
-    try:
-        for workload in args.workloads:
-            for s in range(args.sessions if workload != "burst" else 1):
-                order = methods[s % len(methods):] + methods[:s % len(methods)]
-                for name in order:
-                    run = burst if workload == "burst" else session
-                    rows += run(workload, s, name, servers, tokenizer, args.max_tokens)
-    finally:
-        stop_servers(servers)
+    for r in range(args.rounds):
+        servers = start_servers(specs, setup, Path(args.out_dir) / "server-logs")
+        try:
+            warm_up(servers)
+            for workload in args.workloads:
+                for s in range(args.sessions if workload != "burst" else 1):
+                    shift = (s + r) % len(methods)
+                    for name in methods[shift:] + methods[:shift]:
+                        run = burst if workload == "burst" else session
+                        rows += [dict(row, round=r) for row in
+                                 run(workload, s, name, servers, tokenizer, args.max_tokens)]
+        finally:
+            stop_servers(servers)
     summary = summarise(rows, methods)
     cpu = cpu_description()
-    doc = {"cpu": cpu, "max_tokens": args.max_tokens, "methods": methods,
+    doc = {"cpu": cpu, "max_tokens": args.max_tokens, "rounds": args.rounds, "methods": methods,
            "workloads": args.workloads, "summary": summary, "rows": rows}
     label = f"-{args.label}" if args.label else ""
     out = Path(args.out_dir) / f"multi-turn{label}-{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def warm_up(servers) -> None:
+    """One short untimed request per freshly started server: the first decode after a load
+    pays page faults and allocations no later request does."""
+    from redwood.bench.http_client import complete
+    from redwood.bench.server_bench import request_body
+
+    for server in servers.values():
+        complete(server.url, request_body([1, 2, 3, 4, 5, 6, 7, 8], 0.0, 0, 4, False))
+
+
+def digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def body_for(ids, max_tokens: int) -> dict:
@@ -118,7 +144,7 @@ def session(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
         reply, cached = alone(name, servers, lambda: ask(name, servers, ids, max_tokens))
         rows.append({"workload": workload, "session": s, "method": name, "turn": turn,
                      "prompt_tokens": len(ids), "cached_tokens": cached,
-                     "completion_tokens": reply.completion_tokens,
+                     "completion_tokens": reply.completion_tokens, "answer": digest(reply.text),
                      "wall_seconds": reply.wall_seconds, "ttft_seconds": reply.ttft_seconds})
         print(f"{workload} {s} {name} turn {turn}: {reply.wall_seconds:.2f} s (first token "
               f"{reply.ttft_seconds or 0:.2f} s), prompt {len(ids)} ({cached} cached), "
@@ -174,6 +200,7 @@ def burst(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
             rows.append({"workload": "burst", "session": mode, "method": name, "turn": i,
                          "prompt_tokens": len(prompts[i]), "cached_tokens": cached,
                          "completion_tokens": reply.completion_tokens,
+                         "answer": digest(reply.text),
                          "wall_seconds": reply.wall_seconds, "ttft_seconds": reply.ttft_seconds})
         rows.append({"workload": "burst", "session": mode, "method": name, "turn": "all",
                      "wall_seconds": wall})
@@ -183,30 +210,60 @@ def burst(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
 
 
 def summarise(rows: list[dict], methods: list[str]) -> dict:
-    """Per workload and session: each method's total and its ratio to the first method's
-    (> 1: faster); TTFT on turns >= 2 (second turn on) as the first method's ÷ the method's."""
+    """Per workload and session, each method's session time (median and best over rounds) and
+    its speed against the first method's (> 1: faster): the median and the worst of the
+    per-round ratios, and best time against best time; TTFT on turns >= 2 (second turn on) as
+    the first method's ÷ the method's; answers equal to the first method's in the same round."""
     base, summary = methods[0], {}
     keys = sorted({(r["workload"], str(r["session"])) for r in rows})
     for workload, s in keys:
         mine = [r for r in rows if r["workload"] == workload and str(r["session"]) == s]
-        total = {r["method"]: r["wall_seconds"] for r in mine if r["turn"] == "all"}
-        ttft = {m: [r["ttft_seconds"] for r in mine if r["method"] == m and r["turn"] != "all"
-                    and r["turn"] >= 1 and r["ttft_seconds"]] for m in methods}
         entry = {}
         for m in methods:
-            if m not in total:
+            entry_m = method_summary(mine, m, base)
+            if entry_m is None:
                 continue
-            ratio_ttft = (statistics.median(b / x for b, x in zip(ttft[base], ttft[m]))
-                          if ttft[m] and ttft[base] else None)
-            entry[m] = {"seconds": round(total[m], 2),
-                        "speed_vs_" + base: round(total[base] / total[m], 3),
-                        "ttft_turns_2_on_median_s": round(statistics.median(ttft[m]), 3)
-                        if ttft[m] else None,
-                        "ttft_speed_vs_" + base: round(ratio_ttft, 3) if ratio_ttft else None}
-            print(f"{workload} {s} {m}: {total[m]:.1f} s, x{total[base] / total[m]:.2f} vs "
-                  f"{base}; first token (turns 2+) median {entry[m]['ttft_turns_2_on_median_s']} s")
+            entry[m] = entry_m
+            print(f"{workload} {s} {m}: median {entry_m['seconds']:.1f} s, best "
+                  f"{entry_m['best_seconds']:.1f} s; x{entry_m['speed_vs_base']:.2f} vs {base} "
+                  f"(worst round x{entry_m['worst_round_speed_vs_base']:.2f}, best of rounds "
+                  f"x{entry_m['best_speed_vs_base']:.2f}); first token (turns 2+) median "
+                  f"{entry_m['ttft_turns_2_on_median_s']} s; answers equal to {base}'s "
+                  f"{entry_m['answers_equal']}")
         summary[f"{workload}/{s}"] = entry
     return summary
+
+
+def method_summary(rows: list[dict], m: str, base: str) -> dict | None:
+    def totals(name):
+        return {r.get("round", 0): r["wall_seconds"] for r in rows
+                if r["method"] == name and r["turn"] == "all"}
+
+    def turns(name):
+        return {(r.get("round", 0), r["turn"]): r for r in rows
+                if r["method"] == name and r["turn"] != "all"}
+
+    mine, theirs = totals(m), totals(base)
+    if not mine:
+        return None
+    ratios = [theirs[r] / mine[r] for r in mine if r in theirs]
+    my_turns, their_turns = turns(m), turns(base)
+    ttft = [(their_turns[k]["ttft_seconds"], row["ttft_seconds"]) for k, row in my_turns.items()
+            if isinstance(k[1], int) and k[1] >= 1 and k in their_turns
+            and row["ttft_seconds"] and their_turns[k]["ttft_seconds"]]
+    compared = [k for k in my_turns if k in their_turns and "answer" in my_turns[k]]
+    equal = sum(my_turns[k]["answer"] == their_turns[k].get("answer") for k in compared)
+    return {"seconds": round(statistics.median(mine.values()), 2),
+            "best_seconds": round(min(mine.values()), 2),
+            "rounds_seconds": [round(mine[r], 2) for r in sorted(mine)],
+            "speed_vs_base": round(statistics.median(ratios), 3),
+            "worst_round_speed_vs_base": round(min(ratios), 3),
+            "best_speed_vs_base": round(min(theirs.values()) / min(mine.values()), 3),
+            "ttft_turns_2_on_median_s": round(statistics.median(t for _, t in ttft), 3)
+            if ttft else None,
+            "ttft_speed_vs_base": round(statistics.median(b / t for b, t in ttft), 3)
+            if ttft else None,
+            "answers_equal": f"{equal}/{len(compared)}"}
 
 
 if __name__ == "__main__":

@@ -223,3 +223,42 @@ def test_the_batch_drafts_from_one_source(contexts):
     with pytest.raises(RedwoodError, match="not both"):
         BatchScheduler(contexts[0], contexts[1], FixedPlanner(ROOT_ONLY, N_BATCH),
                        ngram=BatchNgramDrafting(FLAT, AcceptanceModel))
+
+
+def test_seeded_text_is_the_same_drafted_or_not_on_the_engine_and_in_the_batch(contexts, engine):
+    """Prompts that copy (a start, then the target's own greedy text): at T = 0.6 with a seed,
+    prompt lookup on the engine and in the batch gives plain sampling's text token for token.
+    One request at a time: lanes decoding together change the kernels' shapes, whose logit
+    noise (TOL) flips a sampled token now and then on this 512-token random model, drafted or
+    not. Sent again with its seed, a request replays its text, drafted from the memory of its
+    first answer in fewer steps."""
+    from redwood.decode.engine import Engine
+    from redwood.decode.ngram_drafter import NgramDrafter
+    from redwood.plan.tree import Tree
+
+    ngram = Engine(engine.target_backend, None, Tree([-1, 0, 0, 1, 3, 4, 5, 6]),
+                   drafter=NgramDrafter())
+    prompts = [copying_prompt(engine, start) for start in COPY_STARTS[:3]]
+    params = [SamplingParams(30, temperature=0.6, seed=seed) for seed in range(3)]
+    plain, nodes = [], 0
+    for prompt, p in zip(prompts, params):
+        plain.append(ngram.generate(torch.tensor(prompt), params=p, method="autoregressive",
+                                    stop_on_eos=False).tokens)
+        drafted = ngram.generate(torch.tensor(prompt), params=p, method="sequoia",
+                                 stop_on_eos=False)
+        assert drafted.tokens == plain[-1], p.seed
+        nodes += drafted.stats.tree_nodes
+    assert nodes > 0
+    drafting = BatchNgramDrafting(FLAT, AcceptanceModel, NgramMemory(max_tokens=4096), depth=16)
+    sched = BatchScheduler(contexts[0], None, FixedPlanner(ROOT_ONLY, 128), ngram=drafting)
+    first = []
+    for prompt, p in zip(prompts, params):
+        first.append(sched.submit(BatchRequest(prompt, p, stop_on_eos=False)))
+        sched.run(2000)
+    assert [r.tokens for r in first] == plain
+    assert any(max(r.tree_sizes) > 1 for r in first)
+    again = sched.submit(BatchRequest(prompts[0], params[0], stop_on_eos=False))
+    sched.run(2000)
+    assert again.tokens == plain[0]
+    assert len(again.steps) < len(first[0].steps), (again.steps, first[0].steps)
+    assert_all_free(contexts[0])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
@@ -23,12 +22,14 @@ from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
-from redwood.decode.plain_sampling import PlainSampler, sample_row
+from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.request import (as_backend, as_tree, check_request, check_same_vocab,
                                     finish_drafters, match_counts, method_tree,
                                     set_for_request)
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.decode.stream import DecodeOptions, DecodeState, Stream
+from redwood.decode.token_sampler import TokenSampler
+from redwood.decode.verify import verify_step
 from redwood.errors import RedwoodError
 from redwood.plan.live_costs import LiveCosts
 from redwood.plan.tree import Tree
@@ -138,6 +139,7 @@ class Engine:
         stats.acceptance_by_match = match_counts(drafter)      # live: filled as steps commit
         prefill_seconds = self._clock() - start
         chooser = ChildChooser.for_request(params, options.method, generator)
+        sampler = TokenSampler(params, generator, self._plain_sampler)
         governor = self._governor(drafter, len(prompt))
         costs = getattr(governor, "costs", None)
         # a drafter that sizes every step on the live costs (n = 1: a plain step) is not
@@ -156,17 +158,17 @@ class Engine:
             if costs is not None:
                 costs.follow(len(prompt) + len(tokens))
             if first_logits is not None:         # the prefill's last row: no forward
-                new_tokens, first_logits = [self._sample_one(first_logits[0], params, generator)], None
+                new_tokens, first_logits = [sampler.token(first_logits[0], len(tokens))], None
             elif drafter is None:
-                new_tokens = self._autoregressive_step(root, params, generator, stats)
+                new_tokens = self._autoregressive_step(root, sampler, len(tokens), stats)
             elif governed and not governor.speculate():
-                new_tokens = self._autoregressive_step(root, params, generator, stats, unrun,
+                new_tokens = self._autoregressive_step(root, sampler, len(tokens), stats, unrun,
                                                        costs)
                 drafter.skip(root)
                 stats.plain_steps += 1
             else:
-                new_tokens = self._speculative_step(root, layout, chooser, params, options,
-                                                    generator, stats, governor, unrun)
+                new_tokens = self._speculative_step(root, layout, chooser, sampler, len(tokens),
+                                                    options, stats, governor, unrun)
             unrun = None                             # the first step ran the rest of the prompt
             new_tokens = new_tokens[: params.max_new_tokens - len(tokens)]
             new_tokens, finish = self._cut_at_eos(tokens, new_tokens, params, options)
@@ -230,8 +232,8 @@ class Engine:
         set_for_request(drafter, "costs", costs)
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
 
-    def _autoregressive_step(self, root, params, generator, stats, unrun=None, costs=None):
-        """One plain target token. unrun: prompt tokens the target has not run yet (a fused
+    def _autoregressive_step(self, root, sampler, position, stats, unrun=None, costs=None):
+        """One plain target token, the request's `position`-th new one. unrun: prompt tokens the target has not run yet (a fused
         request whose first step the governor made plain): they go first in the same forward.
         costs: a governed request's LiveCosts, which learns what a plain step costs."""
         ids = [root] if unrun is None else unrun.tolist() + [root]
@@ -244,16 +246,12 @@ class Engine:
         stats.target_seconds += seconds
         if costs is not None and unrun is None:
             costs.record_target(1, seconds)
-        if isinstance(logits, np.ndarray):          # read before the next decode reuses it
-            return [sample_row(logits, params, self._plain_sampler, generator)]
-        return [self._sample_one(logits, params, generator)]
+        return [sampler.token(logits, position)]    # read before the next decode reuses it
 
-    def _speculative_step(self, root, layout, chooser, params, options, generator, stats,
+    def _speculative_step(self, root, layout, chooser, sampler, position, options, stats,
                           governor=None, unrun=None):
-        """Draft the tree, verify it in one target forward, keep the accepted path. unrun:
-        see _verify_forward."""
-        from redwood.decode.sampling import process_logits
-        from redwood.decode.verify import verify_greedy, verify_tree
+        """Draft the tree, verify it in one target forward, keep the accepted path (the
+        request's new tokens from `position` on). unrun: see _verify_forward."""
 
         growth = getattr(self.drafter, "growth", None)
         if growth is not None and governor is not None:     # the bar a grown tree must earn
@@ -265,7 +263,7 @@ class Engine:
         stats.tree_nodes += len(tree) - 1
         costs = getattr(governor, "costs", None)
         if len(tree) == 1 and unrun is None:    # nothing drafted: the plain step's fast path
-            new_tokens = self._autoregressive_step(root, params, generator, stats, None, costs)
+            new_tokens = self._autoregressive_step(root, sampler, position, stats, None, costs)
             self.drafter.commit([0], proposal.tokens)
             stats.plain_steps += 1
             return new_tokens
@@ -282,12 +280,8 @@ class Engine:
                 costs.record_draft(draft_ms(self.profile, tree, proposal.draft_forwards),
                                    proposal.draft_seconds)
 
-        if params.greedy:
-            path, bonus = verify_greedy(logits.argmax(dim=-1), proposal.tokens, tree)
-        else:
-            target_probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
-            path, bonus = verify_tree(target_probs, proposal.draft_probs, proposal.tokens, tree,
-                                      chooser.replacement, generator, proposal.point_mass)
+        path, bonus = verify_step(logits, proposal.tokens, tree, proposal.draft_probs,
+                                  proposal.point_mass, chooser, sampler, position)
         target.keep_path(path)
         self.drafter.commit(path, proposal.tokens)
         for depth in range(1, min(len(path), len(stats.accepted_at_depth) + 1)):
@@ -315,15 +309,6 @@ class Engine:
         return target.prefill_tree(unrun, tree, tokens)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _sample_one(self, logits, params, generator) -> int:
-        """Sample one token from the target's logits [V] (argmax when greedy)."""
-        if params.greedy:
-            return int(logits.argmax())
-        from redwood.decode.sampling import process_logits, sample_token
-
-        probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
-        return int(sample_token(probs, generator))
-
     def _cut_at_eos(self, tokens, new_tokens, params, options):
         for i, token in enumerate(new_tokens):
             if options.stop_on_eos and token in self.eos_ids:

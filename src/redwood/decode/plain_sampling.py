@@ -18,13 +18,15 @@ target / envelope). Two passes over the row (max, compare) instead of five; the 
 touched only when it is drawn, with probability <= n_tail·b / (sum of head w) <= 152k·e^-16
 ≈ 1.7 % (G = 16 ≈ ln V + 4). On real rows at T = 0.6 the head is 30-450 tokens, at T = 1
 2-12 thousand: 0.07 / 0.15-0.18 ms a token against 0.21-0.23 ms for the whole-row inverse CDF.
-Uniforms come from the request's torch generator (256 at a time), so a seeded request repeats. Only for top-k
-off and top-p 1 (the default); other settings keep the torch path.
+Uniforms come from the request's position stream (decode/token_sampler.py: keyed by seed and
+position, so a seeded request repeats drafted or not) or from a torch generator (256 at a time).
+Only for top-k off and top-p 1 (the default); other settings keep the torch path.
 """
 from __future__ import annotations
 
 import bisect
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,20 +35,6 @@ from redwood.errors import RedwoodError
 
 TAIL_GAP = 16.0       # G: tail tokens weigh < e^-16 ≈ 1.1e-7 of the top token each, so over
                       # 152k of them the envelope's tail is drawn at most ~1.7 % of the time
-
-
-def sample_row(row: np.ndarray, params, sampler: "PlainSampler", generator) -> int:
-    """One token from a logits row [V] read in place (SamplingParams `params`): numpy's first
-    maximum when greedy (as torch.argmax), `sampler` for temperature alone, else the torch
-    path (process_logits, sample_token). The plain step of the engine and of the batch."""
-    if params.greedy:
-        return int(np.argmax(row))
-    if PlainSampler.handles(params):
-        return sampler.sample(row, params.temperature, generator)
-    from redwood.decode.sampling import process_logits, sample_token
-
-    probs = process_logits(torch.from_numpy(row), params.temperature, params.top_k, params.top_p)
-    return int(sample_token(probs, generator))
 
 
 class PlainSampler:
@@ -65,9 +53,11 @@ class PlainSampler:
         """Whether these SamplingParams take this path (temperature only)."""
         return not params.greedy and params.top_k == 0 and params.top_p >= 1.0
 
-    def sample(self, row: np.ndarray, temperature: float, generator: torch.Generator) -> int:
+    def sample(self, row: np.ndarray, temperature: float,
+               uniforms: torch.Generator | Callable[[], float]) -> int:
         """One token from softmax(row / temperature); row: [V] float32 (may be a view that the
-        next decode overwrites: it is read once, here)."""
+        next decode overwrites: it is read once, here). uniforms: a function giving the next
+        uniform in [0, 1), or a torch generator whose uniforms are drawn a block at a time."""
         top = float(row.max())
         if not math.isfinite(top):
             raise RedwoodError(f"the target's logits are not finite (max {top}): the model or "
@@ -76,12 +66,14 @@ class PlainSampler:
         if self._mask is None or self._mask.shape != row.shape:
             self._mask = np.empty(row.shape, dtype=bool)          # reused: 152 KB a token
         head = np.flatnonzero(np.greater_equal(row, floor, out=self._mask))   # [h] the mass
-        if self._uniforms is None or self._uniforms.generator is not generator:
-            self._uniforms = Uniforms(generator)                  # a new request's generator
+        if isinstance(uniforms, torch.Generator):
+            if self._uniforms is None or self._uniforms.generator is not uniforms:
+                self._uniforms = Uniforms(uniforms)               # a new request's generator
+            uniforms = self._uniforms.next
         cdf = _head_cdf(row[head], top, temperature)              # [h] float64, rising
         bound = math.exp(-self.tail_gap)                          # b >= any tail token's w
         tail_mass = (row.shape[0] - head.shape[0]) * bound
-        uniform = self._uniforms.next
+        uniform = uniforms
         tail = None
         while True:
             u = uniform() * (cdf[-1] + tail_mass)

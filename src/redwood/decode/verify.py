@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from redwood.decode.sampling import sample_token
+from redwood.decode.sampling import process_logits, sample_token
 from redwood.plan.tree import Tree
 
 # A residual max(p - q, 0) whose mass is at most this fraction of p's mass is treated
@@ -22,6 +22,25 @@ from redwood.plan.tree import Tree
 RESIDUAL_EPS = 1e-6
 
 
+def verify_step(logits: torch.Tensor, tokens: torch.Tensor, tree: Tree, draft_probs, point_mass,
+                chooser, sampler, position: int):
+    """The rule a step's tree is verified by -> (path, bonus). logits [n, V]: the target's
+    after each node; draft_probs, point_mass: the proposal's (verify_tree); sampler: the
+    request's TokenSampler; position: the request's index of the first new token.
+    Greedy: verify_greedy. Temperature alone and point-mass drafts only (draft_probs None):
+    verify_walk drawing each node's token from its position's uniforms, so the text is the
+    one plain decoding gives with the same seed. Otherwise verify_tree on the processed law."""
+    params = sampler.params
+    if params.greedy:
+        return verify_greedy(logits.argmax(dim=-1), tokens, tree)
+    if sampler.positional and draft_probs is None:
+        return verify_walk(tokens, tree,
+                           lambda node, depth: sampler.token(logits[node], position + depth))
+    probs = process_logits(logits, params.temperature, params.top_k, params.top_p)
+    return verify_tree(probs, draft_probs, tokens, tree, chooser.replacement, sampler.generator,
+                       point_mass)
+
+
 def verify_greedy(target_argmax: torch.Tensor, tokens: torch.Tensor, tree: Tree):
     """Greedy walk: from the root, move to the child whose token is the target's argmax.
 
@@ -30,13 +49,25 @@ def verify_greedy(target_argmax: torch.Tensor, tokens: torch.Tensor, tree: Tree)
     path the accepted node indices starting with 0, bonus = target_argmax[path[-1]].
     """
     best = target_argmax.tolist()
+    return verify_walk(tokens, tree, lambda node, depth: best[node])
+
+
+def verify_walk(tokens: torch.Tensor, tree: Tree, token_after):
+    """Walk from the root, moving to the child whose token is token_after(node, depth), the
+    token the target gives after `node` (depth: node's depth, 0 for the root). Returns (path,
+    bonus) as verify_greedy, bonus = the first such token no child holds.
+
+    Exact for any tree of point-mass drafts when token_after(node, depth) samples the target's
+    law at node (fresh randomness per output position): the emitted tokens are then sampled one
+    by one from the target, and the drafts only decide how many come from one forward
+    (decode/token_sampler.py). Greedy when it is the argmax."""
     toks = tokens.tolist()
-    node = 0
-    path = [0]
+    node, path = 0, [0]
     while True:
-        nxt = next((c for c in tree.children[node] if toks[c] == best[node]), None)
+        token = int(token_after(node, len(path) - 1))
+        nxt = next((c for c in tree.children[node] if toks[c] == token), None)
         if nxt is None:
-            return path, int(best[node])
+            return path, token
         node = nxt
         path.append(node)
 

@@ -9,8 +9,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.params import SamplingParams
-from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.stats import StepStats
+from redwood.decode.token_sampler import TokenSampler
 from redwood.plan.batch_planner import LiveAcceptance
 
 
@@ -66,14 +66,16 @@ class Live:
     pending: list[int] = field(default_factory=list)
     # p as learnt from this request's own verified steps (the planner plans with it).
     acceptance: LiveAcceptance | None = None
-    # its plain steps' sampler (decode/plain_sampling.py): its own, so its buffered uniforms
-    # come from this request's generator alone and a seeded request repeats however batched
-    plain_sampler: PlainSampler = field(default_factory=PlainSampler)
+    # its tokens' sampler (decode/token_sampler.py): its own, so its draws come from this
+    # request's seed alone and a seeded request repeats however batched (and drafted)
+    sampler: TokenSampler | None = None
     ngram: object | None = None       # its NgramDrafter when the batch drafts by prompt lookup
 
     def __post_init__(self):
         if self.acceptance is None:
             self.acceptance = LiveAcceptance(self.p)
+        if self.sampler is None:
+            self.sampler = TokenSampler(self.request.params, self.generator)
 
     @property
     def ready(self) -> bool:

@@ -2,7 +2,8 @@
 requests, one target decode for every tree (plus prompt chunks), per-request verification.
 
 Each request's draws come from its own generator in the engine's order (its children level by
-level, then the verifier's uniforms and bonus), and drafting follows DraftModelDrafter.propose
+level, then the verifier's uniforms and bonus; a position's own uniforms for point-mass trees
+and plain steps at a temperature, decode/token_sampler.py), and drafting follows DraftModelDrafter.propose
 without pruning, so the batch changes only which kernels compute the logits.
 """
 from __future__ import annotations
@@ -14,9 +15,7 @@ import torch
 
 from redwood.backends.llamacpp_multi import Append, TreeNodes
 from redwood.decode.draft_model import DraftModelDrafter
-from redwood.decode.plain_sampling import sample_row
-from redwood.decode.sampling import process_logits
-from redwood.decode.verify import verify_greedy, verify_tree
+from redwood.decode.verify import verify_step
 from redwood.plan.batch_planner import ROOT_ONLY
 from redwood.plan.tree import Tree
 from redwood.serve import prefix_reuse
@@ -163,20 +162,17 @@ def target_phase(scheduler, work: list[Work]) -> tuple[int, list[Work], float]:
 def verify(scheduler, w: Work) -> list[int]:
     """Verify one request's tree with the engine's rules; keep the path in both lanes.
     Returns the step's new tokens (accepted path, then the bonus)."""
-    live, params = w.live, w.live.request.params
+    live = w.live
+    position = len(live.request.tokens)                # the index of the step's first new token
     if not w.speculative:                      # the root was appended: sample the next token
         row = w.row if w.row is not None else w.logits[0].numpy()
-        bonus = sample_row(row, params, live.plain_sampler, live.generator)
+        bonus = live.sampler.token(row, position)
         if live.draft_lane is not None:
             live.pending.append(live.root)     # committed in the target, never run by the draft
         return [bonus]
     tree = w.tree
-    if params.greedy:
-        path, bonus = verify_greedy(w.logits.argmax(dim=-1), w.tokens, tree)
-    else:
-        probs = process_logits(w.logits, params.temperature, params.top_k, params.top_p)
-        path, bonus = verify_tree(probs, w.draft_probs, w.tokens, tree,
-                                  live.chooser.replacement, live.generator, w.point_mass)
+    path, bonus = verify_step(w.logits, w.tokens, tree, w.draft_probs, w.point_mass, live.chooser,
+                              live.sampler, position)
     w.path = [int(u) for u in path]
     scheduler.target.keep_path(live.target_lane, path)
     if live.draft_lane is not None:

@@ -43,6 +43,8 @@ METHODS = {m.name: m for m in (
     ServerMethod("redwood", "redwood", (), "redwood serve (its defaults: continuous batching)"),
     ServerMethod("redwood-ngram-batched", "redwood", ("--drafter", "ngram"),
                  "redwood serve --drafter ngram (continuous batching, prompt-lookup drafts)"),
+    ServerMethod("redwood-plain", "redwood", ("--method", "autoregressive"),
+                 "redwood serve --method autoregressive (continuous batching, no drafts)"),
     ServerMethod("redwood-batch1", "redwood", ("--max-batch", "1"),
                  "redwood serve --max-batch 1 (the shipped bundle, governed)"),
     ServerMethod("redwood-ngram", "redwood", ("--max-batch", "1", "--drafter", "ngram"),

@@ -233,8 +233,9 @@ class Engine:
         return Governor(plain_ms=plain_ms, prior_tokens_per_ms=1.0 / plain_ms, costs=costs)
 
     def _autoregressive_step(self, root, sampler, position, stats, unrun=None, costs=None):
-        """One plain target token, the request's `position`-th new one. unrun: prompt tokens the target has not run yet (a fused
-        request whose first step the governor made plain): they go first in the same forward.
+        """One plain target token, the request's `position`-th new one. unrun: prompt tokens
+        the target has not run yet (a fused request whose first step the governor made plain):
+        they go first in the same forward.
         costs: a governed request's LiveCosts, which learns what a plain step costs."""
         ids = [root] if unrun is None else unrun.tolist() + [root]
         stats.fused_prefill = stats.fused_prefill or unrun is not None

@@ -3,8 +3,9 @@ requests, one target decode for every tree (plus prompt chunks), per-request ver
 
 Each request's draws come from its own generator in the engine's order (its children level by
 level, then the verifier's uniforms and bonus; a position's own uniforms for point-mass trees
-and plain steps at a temperature, decode/token_sampler.py), and drafting follows DraftModelDrafter.propose
-without pruning, so the batch changes only which kernels compute the logits.
+and plain steps at a temperature, decode/token_sampler.py), and drafting follows
+DraftModelDrafter.propose without pruning, so the batch changes only which kernels compute the
+logits.
 """
 from __future__ import annotations
 

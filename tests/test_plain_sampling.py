@@ -3,6 +3,7 @@ model: chi-square on a spread-out row, on rows whose envelope tail is drawn and 
 (small gaps), a zero-mass tail, non-finite rows, seeded repeatability."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import numpy as np
@@ -32,9 +33,9 @@ def _spread_row(vocab: int = 1573, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 def test_draws_follow_softmax_at_temperature(temperature):
     row = _spread_row()
-    sampler, generator = PlainSampler(), torch.Generator().manual_seed(1)
+    sampler, uniform = PlainSampler(), random.Random(1).random
     draws = 6000
-    counts = Counter(sampler.sample(row, temperature, generator) for _ in range(draws))
+    counts = Counter(sampler.sample(row, temperature, uniform) for _ in range(draws))
     assert_law(counts, _law(row, temperature), draws)
 
 
@@ -47,9 +48,9 @@ def test_the_envelope_tail_is_exact_when_drawn_often(gap, temperature):
     floor = float(row.max()) - gap * temperature
     tail_share = sum(p for i, p in law.items() if row[i] < floor)
     assert tail_share > 0.1, "the test must draw tail tokens"
-    sampler, generator = PlainSampler(tail_gap=gap), torch.Generator().manual_seed(2)
+    sampler, uniform = PlainSampler(tail_gap=gap), random.Random(2).random
     draws = 8000
-    counts = Counter(sampler.sample(row, temperature, generator) for _ in range(draws))
+    counts = Counter(sampler.sample(row, temperature, uniform) for _ in range(draws))
     assert_law(counts, law, draws)
 
 
@@ -66,13 +67,13 @@ def test_python_and_numpy_head_weights_are_the_same_law(monkeypatch, small_head)
     assert isinstance(cdf, list) == (small_head > 0)
     expected = np.cumsum(np.exp((head.astype(np.float64) - top) / temperature))
     np.testing.assert_allclose(np.asarray(cdf), expected, rtol=1e-5)
-    sampler, generator = PlainSampler(), torch.Generator().manual_seed(5)
+    sampler, uniform = PlainSampler(), random.Random(5).random
     short = np.random.default_rng(6).normal(0, 1, 50).astype(np.float32)
     draws = 6000
     counts, short_counts = Counter(), Counter()
     for _ in range(draws):
-        counts[sampler.sample(row, temperature, generator)] += 1
-        short_counts[sampler.sample(short, 1.0, generator)] += 1
+        counts[sampler.sample(row, temperature, uniform)] += 1
+        short_counts[sampler.sample(short, 1.0, uniform)] += 1
     assert_law(counts, _law(row, temperature), draws)
     assert_law(short_counts, _law(short, 1.0), draws)
 
@@ -82,8 +83,8 @@ def test_never_a_token_of_zero_mass_and_seeded():
     row[[5, 700]] = [0.0, 0.5]
     for gap in (30.0, 0.1):                                  # 0.1: the tail is drawn, never kept
         sampler = PlainSampler(tail_gap=gap)
-        first = [sampler.sample(row, 1.0, torch.Generator().manual_seed(3)) for _ in range(3)]
-        draws = {sampler.sample(row, 1.0, torch.Generator().manual_seed(s)) for s in range(200)}
+        first = [sampler.sample(row, 1.0, random.Random(3).random) for _ in range(3)]
+        draws = {sampler.sample(row, 1.0, random.Random(s).random) for s in range(200)}
         assert draws == {5, 700} and len(set(first)) == 1
 
 
@@ -92,7 +93,7 @@ def test_non_finite_logits_are_refused(bad):
     row = np.zeros(16, dtype=np.float32)
     row[3] = bad
     with pytest.raises(RedwoodError, match="not finite"):
-        PlainSampler().sample(row, 0.7, torch.Generator().manual_seed(0))
+        PlainSampler().sample(row, 0.7, random.Random(0).random)
 
 
 def test_only_plain_temperature_settings_take_this_path():

@@ -18,8 +18,8 @@ target / envelope). Two passes over the row (max, compare) instead of five; the 
 touched only when it is drawn, with probability <= n_tail·b / (sum of head w) <= 152k·e^-16
 ≈ 1.7 % (G = 16 ≈ ln V + 4). On real rows at T = 0.6 the head is 30-450 tokens, at T = 1
 2-12 thousand: 0.07 / 0.15-0.18 ms a token against 0.21-0.23 ms for the whole-row inverse CDF.
-Uniforms come from the request's position stream (decode/token_sampler.py: keyed by seed and
-position, so a seeded request repeats drafted or not) or from a torch generator (256 at a time).
+Uniforms come from the caller: the request's position stream (decode/token_sampler.py: keyed
+by seed and position, so a seeded request repeats drafted or not).
 Only for top-k off and top-p 1 (the default); other settings keep the torch path.
 """
 from __future__ import annotations
@@ -29,7 +29,6 @@ import math
 from typing import Callable
 
 import numpy as np
-import torch
 
 from redwood.errors import RedwoodError
 
@@ -45,7 +44,6 @@ class PlainSampler:
         if not tail_gap > 0:
             raise ValueError(f"tail_gap must be > 0, got {tail_gap}")
         self.tail_gap = float(tail_gap)
-        self._uniforms: Uniforms | None = None
         self._mask: np.ndarray | None = None      # [V] bool, the head's mask (reused)
 
     @staticmethod
@@ -53,11 +51,10 @@ class PlainSampler:
         """Whether these SamplingParams take this path (temperature only)."""
         return not params.greedy and params.top_k == 0 and params.top_p >= 1.0
 
-    def sample(self, row: np.ndarray, temperature: float,
-               uniforms: torch.Generator | Callable[[], float]) -> int:
+    def sample(self, row: np.ndarray, temperature: float, uniform: Callable[[], float]) -> int:
         """One token from softmax(row / temperature); row: [V] float32 (may be a view that the
-        next decode overwrites: it is read once, here). uniforms: a function giving the next
-        uniform in [0, 1), or a torch generator whose uniforms are drawn a block at a time."""
+        next decode overwrites: it is read once, here). uniform: gives the next uniform in
+        [0, 1) (the rejection loop may take more than one)."""
         top = float(row.max())
         if not math.isfinite(top):
             raise RedwoodError(f"the target's logits are not finite (max {top}): the model or "
@@ -66,14 +63,9 @@ class PlainSampler:
         if self._mask is None or self._mask.shape != row.shape:
             self._mask = np.empty(row.shape, dtype=bool)          # reused: 152 KB a token
         head = np.flatnonzero(np.greater_equal(row, floor, out=self._mask))   # [h] the mass
-        if isinstance(uniforms, torch.Generator):
-            if self._uniforms is None or self._uniforms.generator is not uniforms:
-                self._uniforms = Uniforms(uniforms)               # a new request's generator
-            uniforms = self._uniforms.next
         cdf = _head_cdf(row[head], top, temperature)              # [h] float64, rising
         bound = math.exp(-self.tail_gap)                          # b >= any tail token's w
         tail_mass = (row.shape[0] - head.shape[0]) * bound
-        uniform = uniforms
         tail = None
         while True:
             u = uniform() * (cdf[-1] + tail_mass)
@@ -103,22 +95,3 @@ def _head_cdf(logits: np.ndarray, top: float, temperature: float):
     weights *= np.float32(1.0 / temperature)
     return np.cumsum(np.exp(weights, out=weights), dtype=np.float64)
 
-
-class Uniforms:
-    """Uniforms in [0, 1) from a torch generator, drawn BLOCK at a time: one torch call right
-    after a decode costs ~0.12 ms here (its code is cold after llama.cpp's graph ran), a block
-    of 256 the same. Deterministic per seed, each uniform used once."""
-
-    BLOCK = 256
-
-    def __init__(self, generator: torch.Generator):
-        self.generator = generator
-        self._block, self._next = np.empty(0), 0
-
-    def next(self) -> float:
-        if self._next == len(self._block):
-            self._block = torch.rand(self.BLOCK, dtype=torch.float64,
-                                     generator=self.generator).numpy()
-            self._next = 0
-        self._next += 1
-        return float(self._block[self._next - 1])

@@ -133,7 +133,7 @@ def start_server(method: str, flags: list[str], target: str, args, log_path: Pat
 
     port = free_port()
     if method in LLAMA_SERVER_METHODS:
-        from redwood.backends.llamacpp import free_cores
+        from redwood.backends.llamacpp_native import free_cores
 
         slots = max(args.concurrency)
         setup = ServerSetup(target, "", free_cores(), SLOT_CELLS * slots, args.llama_server,
@@ -181,7 +181,7 @@ class SerialLlama:
     def __init__(self, target: str):
         from llama_cpp import Llama
 
-        from redwood.backends.llamacpp import free_cores
+        from redwood.backends.llamacpp_native import free_cores
 
         self.llama = Llama(target, n_ctx=4096, n_threads=free_cores(),
                            n_threads_batch=free_cores(), verbose=False)

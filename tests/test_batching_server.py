@@ -318,7 +318,7 @@ def test_logit_rows_are_a_slice_when_contiguous():
     """A job's logits rows in batch order come back as a view (no per-step index copy)."""
     import numpy as np
 
-    from redwood.backends.llamacpp_multi import _take_rows
+    from redwood.backends.llamacpp_jobs import take_rows as _take_rows
 
     x = torch.arange(12.0).reshape(4, 3)
     rows = _take_rows(x, np.array([1, 2]))

@@ -13,10 +13,6 @@ id >= n_seq_max, a non-causal model) is checked in Python first and raised as Re
 """
 from __future__ import annotations
 
-import collections
-import ctypes
-import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -25,62 +21,13 @@ import torch
 
 from redwood.backends.base import tree_limits_error
 from redwood.backends.gguf_header import check_gguf, file_type_name
-from redwood.backends.llamacpp_batch import NativeBatch, TreeSeqs, check_path
+from redwood.backends.llamacpp_batch import (NativeBatch, TreeLayouts, TreeSeqs, check_path,
+                                             check_tree_nodes)
 from redwood.backends.llamacpp_logits import LogitsViews
+from redwood.backends.llamacpp_native import (LLAMA_MAX_SEQ, clear_log, decode, free_cores,
+                                             llama_cpp_module, native_errors, positive)
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
-
-LLAMA_MAX_SEQ = 256          # llama.cpp's hard cap on sequence ids
-GGML_LOG_ERROR = 4           # ggml_log_level (llama_cpp._logger's table predates DEBUG = 1)
-_log: collections.deque = collections.deque(maxlen=64)
-_state: dict = {}
-
-
-def _on_log(level, text, _user_data):
-    """llama.cpp's log: kept for error messages; echoed to stderr if REDWOOD_LLAMA_LOG is set."""
-    text = text.decode("utf-8", errors="replace") if text else ""
-    _log.append((level, text))
-    if os.environ.get("REDWOOD_LLAMA_LOG"):
-        sys.stderr.write(text)
-
-
-def _native_errors() -> str:
-    """The error lines llama.cpp logged since the last call, for an exception message."""
-    lines = [text.strip() for level, text in _log if level == GGML_LOG_ERROR and text.strip()]
-    _log.clear()
-    return (": " + "; ".join(lines[-3:])) if lines else ""
-
-
-def _llama_cpp():
-    """The llama_cpp module, initialised once, with llama.cpp's log routed to `_on_log`
-    (process-wide: llama.cpp has one log callback)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        raise RedwoodError("the llama.cpp backend needs llama-cpp-python: "
-                           "pip install llama-cpp-python==0.3.36 (builds llama.cpp from source)"
-                           ) from None
-    if not _state:
-        _state["callback"] = llama_cpp.llama_log_callback(_on_log)   # keep it alive
-        llama_cpp.llama_log_set(_state["callback"], ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-    return llama_cpp
-
-
-def free_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                            # not Linux
-        return os.cpu_count() or 1
-
-
-def _positive(value, what: str, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise RedwoodError(f"{what} must be a positive integer, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise RedwoodError(f"{what} = {value} is above llama.cpp's limit of {maximum}")
-    return int(value)
-
 
 class LlamaCppBackend:
     """`Backend` for a GGUF causal LM on llama.cpp (CPU). n_ctx: cache cells (committed tokens
@@ -97,19 +44,19 @@ class LlamaCppBackend:
         self._model = self._ctx = self._batch = None
         path = Path(path)
         info = check_gguf(path)
-        n_ctx = _positive(n_ctx, "n_ctx")
-        n_seq_max = _positive(n_seq_max, "n_seq_max", LLAMA_MAX_SEQ)
-        n_batch = _positive(n_batch, "n_batch")
-        threads = free_cores() if n_threads is None else _positive(n_threads, "n_threads")
-        llama = self._llama = _llama_cpp()
+        n_ctx = positive(n_ctx, "n_ctx")
+        n_seq_max = positive(n_seq_max, "n_seq_max", LLAMA_MAX_SEQ)
+        n_batch = positive(n_batch, "n_batch")
+        threads = free_cores() if n_threads is None else positive(n_threads, "n_threads")
+        llama = self._llama = llama_cpp_module()
 
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
-        _log.clear()
+        clear_log()
         self._model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise RedwoodError(f"llama.cpp could not load {path} (architecture "
-                               f"{info['architecture']!r}){_native_errors()}")
+                               f"{info['architecture']!r}){native_errors()}")
         try:
             self._check_model(path, info["architecture"])
             cparams = llama.llama_context_default_params()
@@ -122,7 +69,7 @@ class LlamaCppBackend:
             self._ctx = llama.llama_init_from_model(self._model, cparams)
             if not self._ctx:
                 raise RedwoodError(f"llama.cpp could not create a context for {path} "
-                                   f"(n_ctx={n_ctx}, n_batch={n_batch}){_native_errors()}; "
+                                   f"(n_ctx={n_ctx}, n_batch={n_batch}){native_errors()}; "
                                    "try a smaller n_ctx")
             self._mem = llama.llama_get_memory(self._ctx)
             self.n_ctx = int(llama.llama_n_ctx(self._ctx))
@@ -148,7 +95,7 @@ class LlamaCppBackend:
         self._length = 0             # committed tokens (sequence 0, positions 0..L-1)
         self._tokens: list[int] = []  # their ids: what keep_prefix compares a new prompt with
         self._step = None            # the tentative state of the current step, or None
-        self._layouts: dict[tuple, TreeSeqs] = {}
+        self._layouts = TreeLayouts(256)
         self._views = LogitsViews(self.vocab_size)  # the logits buffer in place
 
     def _check_model(self, path: Path, arch: str) -> None:
@@ -308,7 +255,7 @@ class LlamaCppBackend:
         elif layout.parents != step["layout"].parents or root_position != step["root"]:
             raise RedwoodError("run_tree called with another tree or root position in the same "
                                "step; call keep_path first")
-        self._check_nodes(step, nodes)
+        check_tree_nodes(step, nodes)
         self._check_room(step["cells"] + len(nodes), f"running {len(nodes)} tree nodes")
 
         if self._step is None:                       # first call of the step: branch the prefix
@@ -384,14 +331,7 @@ class LlamaCppBackend:
             raise RedwoodError(f"the llama.cpp backend for {self.name} is closed")
 
     def _layout(self, tree: Tree) -> TreeSeqs:
-        key = tuple(tree.parents)
-        if key not in self._layouts:
-            if len(self._layouts) >= 256:
-                self._layouts.clear()
-                if self._step is not None:           # keep the running step's layout
-                    self._layouts[tuple(self._step["layout"].parents)] = self._step["layout"]
-            self._layouts[key] = TreeSeqs(tree)
-        return self._layouts[key]
+        return self._layouts.get(tree, [self._step["layout"]] if self._step else [])
 
     def _token_ids(self, ids) -> np.ndarray:
         if isinstance(ids, torch.Tensor):
@@ -408,26 +348,6 @@ class LlamaCppBackend:
         return RedwoodError(f"token id {token} is out of range for {self.name} "
                             f"(vocabulary of {self.vocab_size} tokens)")
 
-    def _check_nodes(self, step: dict, nodes: list[int]) -> None:
-        parents, ran = step["layout"].parents, step["ran"]
-        if any(b <= a for a, b in zip(nodes, nodes[1:])):
-            raise RedwoodError(f"run_tree nodes {nodes} must be distinct and in BFS order")
-        if nodes[0] < 0 or nodes[-1] >= len(parents):
-            raise RedwoodError(f"run_tree nodes {nodes} out of range for a "
-                               f"{len(parents)}-node tree")
-        batch = set()
-        for u in nodes:
-            if u in ran:
-                raise RedwoodError(f"run_tree: node {u} was already run this step")
-            if u == 0:
-                if not step["root_run"]:
-                    raise RedwoodError("run_tree: the root is committed (root_position = cache "
-                                       "length - 1); run its descendants, not node 0")
-            elif not (parents[u] in ran or parents[u] in batch
-                      or (parents[u] == 0 and not step["root_run"])):
-                raise RedwoodError(f"run_tree: node {u}'s parent {parents[u]} has not been run")
-            batch.add(u)
-
     def _check_room(self, tentative: int, what: str) -> None:
         if self._length + tentative > self.n_ctx:
             raise RedwoodError(f"context overflow: {what} after {self._length} committed tokens "
@@ -435,13 +355,7 @@ class LlamaCppBackend:
                                f"holds {self.n_ctx} (n_ctx); use a larger n_ctx or a shorter text")
 
     def _decode(self, what: str) -> None:
-        _log.clear()
-        code = self._llama.llama_decode(self._ctx, self._batch.batch)
-        if code != 0:
-            reason = {1: "no free cache slot (context full)", 2: "aborted",
-                      -1: "invalid batch"}.get(code, "internal error")
-            raise RedwoodError(f"llama_decode failed with code {code} ({reason}) while "
-                               f"{what}{_native_errors()}")
+        decode(self._llama, self._ctx, self._batch.batch, what)
 
     def _logits(self, rows: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self._logits_view(rows), dtype=np.float32))

@@ -33,6 +33,22 @@ class TreeSeqs:
         self.depths = np.asarray(tree.depths, dtype=np.int64)
 
 
+class TreeLayouts:
+    """TreeSeqs per tree shape, cached (planned trees recur) and bounded: when full, only the
+    layouts still in use by a running step are kept."""
+
+    def __init__(self, limit: int):
+        self.limit, self._cache = limit, {}
+
+    def get(self, tree, live=()) -> TreeSeqs:
+        key = tuple(tree.parents)
+        if key not in self._cache:
+            if len(self._cache) >= self.limit:
+                self._cache = {tuple(layout.parents): layout for layout in live}
+            self._cache[key] = TreeSeqs(tree)
+        return self._cache[key]
+
+
 class NativeBatch:
     """One `llama_batch` of `capacity` tokens with up to `n_seq_max` sequence ids each,
     allocated once and refilled through numpy views of its arrays."""
@@ -111,3 +127,26 @@ def check_path(step: dict, nodes: list[int]) -> None:
     missing = [u for u in nodes if u not in step["ran"]]
     if missing:
         raise RedwoodError(f"keep_path: nodes {missing} were not run this step")
+
+
+def check_tree_nodes(step: dict, nodes: list[int]) -> None:
+    """run_tree's rules for the nodes of one call: distinct, in BFS order, in range, not run
+    before this step, each with its parent run (earlier or in this call) or committed."""
+    parents, ran = step["layout"].parents, step["ran"]
+    if any(b <= a for a, b in zip(nodes, nodes[1:])):
+        raise RedwoodError(f"run_tree nodes {nodes} must be distinct and in BFS order")
+    if nodes[0] < 0 or nodes[-1] >= len(parents):
+        raise RedwoodError(f"run_tree nodes {nodes} out of range for a "
+                           f"{len(parents)}-node tree")
+    batch = set()
+    for u in nodes:
+        if u in ran:
+            raise RedwoodError(f"run_tree: node {u} was already run this step")
+        if u == 0:
+            if not step["root_run"]:
+                raise RedwoodError("run_tree: the root is committed (root_position = cache "
+                                   "length - 1); run its descendants, not node 0")
+        elif not (parents[u] in ran or parents[u] in batch
+                  or (parents[u] == 0 and not step["root_run"])):
+            raise RedwoodError(f"run_tree: node {u}'s parent {parents[u]} has not been run")
+        batch.add(u)

@@ -26,84 +26,25 @@ copied), and `evict(lane)` frees an idle lane's cache. What to keep and evict is
 scheduler's policy (serve/prefix_reuse.py).
 
 Everything that would abort the process (more tokens than n_batch, more leaves than the lane
-holds, more cells than the context) is refused in Python before the native call, as in
-llamacpp.py, whose helpers (checks, NativeBatch, TreeSeqs, logits copy) are reused here.
+holds, more cells than the context) is refused in Python before the native call; the jobs and
+their checks are in llamacpp_jobs.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from redwood.backends.base import tree_limits_error
-from redwood.backends.llamacpp import LLAMA_MAX_SEQ, LlamaCppBackend
-from redwood.backends.llamacpp_batch import TreeSeqs, check_path
+from redwood.backends.llamacpp import LlamaCppBackend
+from redwood.backends.llamacpp_native import LLAMA_MAX_SEQ
+from redwood.backends.llamacpp_batch import TreeLayouts, TreeSeqs, check_path
+from redwood.backends.llamacpp_jobs import (Append, Lane, Prepared, TreeNodes, one_token,
+                                           prepare_append, prepare_tree, take_rows)
 from redwood.backends.radix_tree import RadixTree, common_prefix
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
-
-
-@dataclass(eq=False)
-class Lane:
-    """One request's sequence ids base..base+width-1 and its cache bookkeeping."""
-    index: int
-    base: int
-    width: int
-    length: int = 0                  # committed tokens (positions 0..length-1 on `base`)
-    step: dict | None = None         # the tentative tree of the current step, or None
-    busy: bool = False
-    tokens: list[int] = field(default_factory=list)   # ids of the committed cells [length]
-    used: int = 0                    # when it was last released (LRU order of idle caches)
-
-    @property
-    def cells(self) -> int:
-        """KV cells the lane holds: committed tokens plus tentative nodes."""
-        return self.length + (self.step["cells"] if self.step else 0)
-
-
-@dataclass(eq=False)
-class Append:
-    """Run `ids` causally after the lane's committed prefix and commit them; logits of the
-    last `rows` of them."""
-    lane: Lane
-    ids: Sequence[int] | np.ndarray
-    rows: int = 0
-
-
-@dataclass(eq=False)
-class TreeNodes:
-    """Run tree nodes as tentative nodes of the lane (the Backend.run_tree contract, per lane):
-    `nodes` in BFS order, token ids `tokens` [len(nodes)], node u at root_position + depth(u);
-    the root is run as node 0 (root_position == lane.length) or is already committed
-    (root_position == lane.length - 1). rows: which of `nodes` need logits (None = all)."""
-    lane: Lane
-    tree: Tree
-    nodes: Sequence[int]
-    tokens: Sequence[int] | torch.Tensor | np.ndarray
-    root_position: int
-    rows: Sequence[int] | None = None
-
-
-@dataclass
-class _Prepared:
-    """A validated job as batch rows: ids [n] int32, positions [n], seq ids per row, outputs."""
-    job: object
-    ids: np.ndarray
-    positions: np.ndarray
-    seqs: list[np.ndarray]
-    outputs: np.ndarray              # [n] int8, 1 where logits are wanted
-    rows: list[int]                  # the job's rows, in the order it asked for them
-    step: dict | None = None         # TreeNodes: the lane's step after this call
-    first: bool = False              # TreeNodes: the step's first call (branch the prefix)
-    extra: dict = field(default_factory=dict)
-
-
-def _one_token(job) -> bool:
-    """Whether a job is one Python-int token with its row (a plain step's append)."""
-    return type(job) is Append and job.rows == 1 and len(job.ids) == 1 \
-        and type(job.ids[0]) is int
 
 
 class MultiSeqContext:
@@ -121,7 +62,7 @@ class MultiSeqContext:
         self.lanes = [Lane(i, i * width, width) for i in range(lanes)]
         self.n_ctx, self.n_batch = backend.n_ctx, backend.n_batch
         self.vocab_size, self.eos_ids, self.name = backend.vocab_size, backend.eos_ids, backend.name
-        self._layouts: dict[tuple, TreeSeqs] = {}
+        self._layouts = TreeLayouts(512)
         self.index = RadixTree()          # idle lanes' cached tokens, by lane index
         self._clock = 0
 
@@ -241,6 +182,9 @@ class MultiSeqContext:
         """The last position held by sequence id `seq` (-1: no cells), from llama.cpp itself."""
         return int(self.backend._llama.llama_memory_seq_pos_max(self.backend._mem, seq))
 
+    def _live_layouts(self) -> list[TreeSeqs]:
+        return [lane.step["layout"] for lane in self.lanes if lane.step is not None]
+
     def check_tree(self, tree: Tree, lane: Lane | None = None) -> None:
         width = lane.width if lane is not None else self.lanes[0].width
         message = tree_limits_error(tree, self.n_batch, width, "llama.cpp (per batched request)")
@@ -255,7 +199,7 @@ class MultiSeqContext:
         valid until the next decode on this context: the scheduler's target step reads them
         all before that, and the 0.6 MB copy per row cost ~0.2 ms of a plain step."""
         self._check_jobs(jobs)
-        if jobs and all(_one_token(j) for j in jobs):
+        if jobs and all(one_token(j) for j in jobs):
             n = self._decode_tokens(jobs)
             if not copy:
                 return list(self.backend._logits_row_tensors(n))
@@ -293,7 +237,7 @@ class MultiSeqContext:
         for i, p in enumerate(prepared):
             kept = np.flatnonzero(p.outputs)          # this job's output rows, batch order
             if p.rows:
-                out[i] = _take_rows(logits, start + np.searchsorted(kept, p.rows))
+                out[i] = take_rows(logits, start + np.searchsorted(kept, p.rows))
             start += len(kept)
         return out
 
@@ -302,7 +246,7 @@ class MultiSeqContext:
         every plain step of the batch), returning each job's row [V] as a numpy view of
         llama.cpp's buffer, valid until the next decode on this context. Skips the tensors
         that decode(copy=False) wraps the rows in: ~0.1 ms right after a decode."""
-        if not jobs or not all(_one_token(j) for j in jobs):
+        if not jobs or not all(one_token(j) for j in jobs):
             raise RedwoodError("decode_rows takes one Python-int token with its row per job")
         self._check_jobs(jobs)
         return self.backend._logits_rows(self._decode_tokens(jobs))
@@ -358,54 +302,18 @@ class MultiSeqContext:
             raise RedwoodError(f"KV cache full: {self.used_cells()} cells in use + {total} new "
                                f"> n_ctx = {self.n_ctx}")
 
-    def _prepare(self, job) -> _Prepared:
+    def _prepare(self, job) -> Prepared:
         self._check_held(job.lane)
         if isinstance(job, Append):
-            return self._prepare_append(job)
+            self._check_no_tree(job.lane)
+            return prepare_append(job, self.backend._token_ids(job.ids))
         if isinstance(job, TreeNodes):
-            return self._prepare_tree(job)
+            self.check_tree(job.tree, job.lane)
+            layout = self._layouts.get(job.tree, self._live_layouts())
+            return prepare_tree(job, layout, self.backend._token_ids(job.tokens))
         raise RedwoodError(f"decode: unknown job {type(job).__name__}")
 
-    def _prepare_append(self, job: Append) -> _Prepared:
-        lane = job.lane
-        self._check_no_tree(lane)
-        ids = self.backend._token_ids(job.ids)
-        n, rows = len(ids), max(0, min(int(job.rows), len(ids)))
-        outputs = np.zeros(n, dtype=np.int8)
-        outputs[n - rows:] = 1 if rows else 0
-        seq = np.array([lane.base], dtype=np.int32)
-        return _Prepared(job, ids, np.arange(lane.length, lane.length + n), [seq] * n, outputs,
-                         list(range(n - rows, n)), extra={"start": lane.length})
-
-    def _prepare_tree(self, job: TreeNodes) -> _Prepared:
-        lane = job.lane
-        self.check_tree(job.tree, lane)
-        layout = self._layout(job.tree)
-        nodes = [int(u) for u in job.nodes]
-        ids = self.backend._token_ids(job.tokens)
-        if len(ids) != len(nodes) or not nodes:
-            raise RedwoodError(f"tree job got {len(nodes)} nodes and {len(ids)} tokens")
-        rows = list(range(len(nodes))) if job.rows is None else [int(r) for r in job.rows]
-        if any(r < 0 or r >= len(nodes) for r in rows):
-            raise RedwoodError(f"tree job rows {rows} must index the {len(nodes)} nodes")
-        step, first = lane.step, lane.step is None
-        if first:
-            if job.root_position not in (lane.length, lane.length - 1) or job.root_position < 0:
-                raise RedwoodError(f"tree job root_position {job.root_position} must be the lane's "
-                                   f"length {lane.length} or {lane.length - 1}")
-            step = {"layout": layout, "root": job.root_position, "ran": set(), "cells": 0,
-                    "root_run": job.root_position == lane.length, "tokens": {}}
-        elif layout.parents != step["layout"].parents or job.root_position != step["root"]:
-            raise RedwoodError("tree job with another tree or root position in the same step")
-        self.backend._check_nodes(step, nodes)
-        index = np.array(nodes)
-        outputs = np.zeros(len(nodes), dtype=np.int8)
-        outputs[rows] = 1
-        seqs = [layout.seqs[u] + lane.base for u in nodes]
-        return _Prepared(job, ids, job.root_position + layout.depths[index], seqs, outputs, rows,
-                         step=step, first=first)
-
-    def _commit(self, p: _Prepared) -> None:
+    def _commit(self, p: Prepared) -> None:
         lane = p.job.lane
         if isinstance(p.job, Append):
             lane.length += len(p.ids)
@@ -415,7 +323,7 @@ class MultiSeqContext:
             p.step["tokens"].update(zip((int(u) for u in p.job.nodes), p.ids.tolist()))
             p.step["cells"] += len(p.ids)
 
-    def _roll_back(self, prepared: list[_Prepared]) -> None:
+    def _roll_back(self, prepared: list[Prepared]) -> None:
         """After a failed decode: drop the appended tokens and the lanes' whole tentative step."""
         seq_rm, mem = self.backend._llama.llama_memory_seq_rm, self.backend._mem
         for p in prepared:
@@ -468,24 +376,3 @@ class MultiSeqContext:
         if 0 <= length < lane.length:
             self.backend._llama.llama_memory_seq_rm(self.backend._mem, lane.base, length, -1)
             lane.length, lane.tokens = length, lane.tokens[:length]
-
-    def _layout(self, tree: Tree) -> TreeSeqs:
-        key = tuple(tree.parents)
-        if key not in self._layouts:
-            if len(self._layouts) >= 512:     # planned trees recur; bound the cache anyway
-                live = {tuple(l.step["layout"].parents): l.step["layout"]
-                        for l in self.lanes if l.step is not None}
-                self._layouts = live
-            self._layouts[key] = TreeSeqs(tree)
-        return self._layouts[key]
-
-
-def _take_rows(logits: torch.Tensor, index: np.ndarray) -> torch.Tensor:
-    """logits[index] for a [rows, V] tensor. Indexing a tensor with a numpy array costs ~5-10 ms
-    at V = 151936 (torch walks it as a sequence), a sizeable part of a 28 ms one-token step; the
-    usual case (a job's rows in batch order) is a contiguous range, so a zero-copy slice."""
-    first = int(index[0])
-    if np.array_equal(index, np.arange(first, first + len(index))):
-        return logits[first:first + len(index)]
-    return logits[torch.from_numpy(index.astype(np.int64))]
-

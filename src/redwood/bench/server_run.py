@@ -61,7 +61,7 @@ class PromptEncoder:
 def server_setup(llama_server: str | None, target: str | None, draft: str | None):
     """(ServerSetup, tokenizer) for the shipped pair or explicit GGUF files."""
     from redwood.models.hf_loading import load_tokenizer
-    from redwood.backends.llamacpp import free_cores
+    from redwood.backends.llamacpp_native import free_cores
 
     if (target is None) != (draft is None):
         raise RedwoodError("give both --target and --draft, or neither (the shipped pair)")

@@ -233,6 +233,38 @@ def test_learns_from_the_emitted_text_even_without_drafting(emitted, drafts_afte
     assert drafter.model.rate(key) == pytest.approx((hits + 0.45 * 4) / 9)
 
 
+def copy_sizes(drafter, steps: int = 40) -> list[int]:
+    """Tree sizes a greedy drafter proposes while the target copies a 40-token text verbatim
+    again and again (every proposed token is kept, the bonus is the next one)."""
+    text = list(range(100, 140))
+    truth = text * 40
+    drafter.prefill(torch.tensor(text))
+    position, sizes = len(text), []
+    for _ in range(steps):
+        proposal = drafter.propose(truth[position], layout(chain(32)), GREEDY)
+        tokens = proposal.tokens.tolist()
+        kept = 1
+        while kept < len(tokens) and tokens[kept] == truth[position + kept]:
+            kept += 1
+        drafter.commit(list(range(kept)), proposal.tokens)
+        sizes.append(len(tokens))
+        position += kept
+    return sizes
+
+
+def test_deep_nodes_are_learnt_while_only_short_chains_are_drafted(monkeypatch):
+    """Every rate starts at 0.9, so on these costs a 4-node chain pays best (3.44 / 22 against
+    9.66 / 100 for 32 nodes). A 4-node step emits 4 tokens, so walking only the last step's
+    trie observes depths 1-4 and never 5+: those stay at 0.9 and the drafter stays at 4 nodes
+    on a verbatim copy. Walking earlier tries on along the text observes the deep nodes too,
+    their rates rise towards 1, and the drafter moves to 32-node chains (32 / 100 > 4 / 22)."""
+    costs = {1: 10.0, 4: 22.0, 32: 100.0}
+    sizes = copy_sizes(drafter_with(0.9, costs, max_length=32))
+    assert sizes[0] == 4 and sizes[-5:] == [32] * 5
+    monkeypatch.setattr("redwood.decode.ngram_drafter.MAX_WALKS", 1)    # the last trie only
+    assert set(copy_sizes(drafter_with(0.9, costs, max_length=32))) == {4}
+
+
 def test_propose_twice_without_commit_is_refused():
     drafter = NgramDrafter()
     drafter.prefill(torch.tensor([1, 2, 1]))

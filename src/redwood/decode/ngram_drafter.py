@@ -31,7 +31,12 @@ rule of §4.5 gives P(x_k accepted) = p(x_k) / (1 − Σ p(x_j)) = P(next token 
 of x_1..x_{k-1}). So walking the previous step's *whole* trie along the tokens actually emitted
 (accepted path + bonus) gives unbiased acceptance observations for every node reached, drafted
 or not. The model keeps learning even while it proposes nothing, and the trie never depends on
-the target's output at its nodes, so exactness is untouched.
+the target's output at its nodes, so exactness is untouched. Earlier steps' tries are walked
+on along the text that follows them too (up to MAX_WALKS at once, each until the text leaves
+it): a drafter that proposes 4-node chains emits at most 4 tokens a step, so walking only the
+last trie would never observe a node at depth 5 or more, and a pessimistic estimate there
+would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
+short chains on a verbatim copy: an exploration trap).
 
 Across requests: with an `NgramMemory` (decode/ngram_memory.py) each lookup also ranks what
 followed the suffix in earlier requests' generated text, and `finish()` adds this request's
@@ -59,6 +64,7 @@ from redwood.plan.tree import Tree, bfs_renumber
 # curve on a CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on a 2-core EPYC); an 8-token cap
 # stopped short of it. Each step is still sized by E(n) / t(n).
 COPY_DEPTH = 32
+MAX_WALKS = 16      # earlier steps' tries followed along the text at once (module doc)
 
 
 class NgramDrafter:
@@ -118,6 +124,7 @@ class NgramDrafter:
         self._generated_from = len(self.index)                  # index.tokens[this:]: its output
         self._finished, self._store_on_finish = False, bool(self.use_memory)
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
+        self._walks: list[list] = []           # [trie, greedy, node]: tries still on the text
         self._accepted: list[int] = []                           # its accepted tokens
         self._proposed: list[int] = []                           # its proposed trie nodes
         self._open = False                                       # proposed, not yet committed
@@ -152,6 +159,9 @@ class NgramDrafter:
         taken, values = best_first(trie, rates, limits, min_confidence)
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
+        if self.learn and len(trie) > 1:
+            keep = max(0, len(self._walks) - MAX_WALKS + 1)
+            self._walks = self._walks[keep:] + [[trie, greedy, 0]]
         return trie, taken, values
 
     def proposal(self, trie: list[TrieNode], keep: list[int], layout: TreeLayout,
@@ -236,14 +246,21 @@ class NgramDrafter:
             self.memory.add(self.index.tokens[self._generated_from:])
 
     def _learn_from_last(self, root: int) -> None:
-        """Walk the previous step's trie along what was emitted since (its accepted tokens,
-        then the bonus, which is this step's root): at each node reached, the children before
-        the one that matches were rejected, the match was accepted (module docstring)."""
-        if self._last is None or not self.learn:
+        """Walk every trie still on the text (the previous step's and earlier ones, module
+        doc) along what was emitted since the previous step's root: its accepted tokens, then
+        the bonus, which is this step's root. At each node reached, the children before the one
+        that matches were rejected, the match was accepted; a walk ends where the text leaves
+        its trie or the trie ends."""
+        if not self.learn:
             return
-        trie, greedy = self._last
-        at = 0
-        for token in self._accepted + [root]:
+        tokens = self._accepted + [root]
+        self._walks = [walk for walk in self._walks if self._walk_on(walk, tokens)]
+
+    def _walk_on(self, walk: list, tokens: list[int]) -> bool:
+        """Advance one walk [trie, greedy, node] along `tokens`, observing every child tried;
+        whether it is still on the text with children to try."""
+        trie, greedy, at = walk
+        for token in tokens:
             match = None
             for child in trie[at].children:
                 hit = trie[child].token == token
@@ -252,8 +269,10 @@ class NgramDrafter:
                     match = child
                     break
             if match is None:
-                return
+                return False
             at = match
+        walk[2] = at
+        return bool(trie[at].children)
 
     def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
         """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n.

@@ -22,7 +22,7 @@ import torch
 from redwood.backends.base import tree_limits_error
 from redwood.backends.gguf_header import check_gguf, file_type_name
 from redwood.backends.llamacpp_batch import (NativeBatch, TreeLayouts, TreeSeqs, check_path,
-                                             check_tree_nodes)
+                                             check_tree_nodes, node_rows, tree_step)
 from redwood.backends.llamacpp_logits import LogitsViews
 from redwood.backends.llamacpp_native import (LLAMA_MAX_SEQ, clear_log, decode, free_cores,
                                              llama_cpp_module, native_errors, positive)
@@ -239,22 +239,10 @@ class LlamaCppBackend:
         ids = self._token_ids(tokens)
         if len(ids) != len(nodes):
             raise RedwoodError(f"run_tree got {len(nodes)} nodes but {len(ids)} tokens")
-        rows = list(range(len(nodes))) if rows is None else [int(r) for r in rows]
-        if any(r < 0 or r >= len(nodes) for r in rows):
-            raise RedwoodError(f"run_tree rows {rows} must index the {len(nodes)} nodes")
+        rows = node_rows(rows, len(nodes), "run_tree")
         if not nodes:
             return torch.empty(len(rows), self.vocab_size)
-        step = self._step
-        if step is None:
-            if root_position not in (self._length, self._length - 1) or root_position < 0:
-                raise RedwoodError(f"run_tree root_position {root_position} must be the cache "
-                                   f"length {self._length} (root run as node 0) or "
-                                   f"{self._length - 1} (root committed)")
-            step = {"layout": layout, "root": root_position, "ran": set(), "cells": 0,
-                    "root_run": root_position == self._length, "tokens": {}}
-        elif layout.parents != step["layout"].parents or root_position != step["root"]:
-            raise RedwoodError("run_tree called with another tree or root position in the same "
-                               "step; call keep_path first")
+        step = tree_step(self._step, layout, root_position, self._length, "run_tree")
         check_tree_nodes(step, nodes)
         self._check_room(step["cells"] + len(nodes), f"running {len(nodes)} tree nodes")
 

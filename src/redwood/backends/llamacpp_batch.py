@@ -129,6 +129,32 @@ def check_path(step: dict, nodes: list[int]) -> None:
         raise RedwoodError(f"keep_path: nodes {missing} were not run this step")
 
 
+def node_rows(rows, n_nodes: int, what: str) -> list[int]:
+    """Which of a tree call's `n_nodes` nodes need logits (None = all), checked."""
+    rows = list(range(n_nodes)) if rows is None else [int(r) for r in rows]
+    if any(r < 0 or r >= n_nodes for r in rows):
+        raise RedwoodError(f"{what} rows {rows} must index the {n_nodes} nodes")
+    return rows
+
+
+def tree_step(step: dict | None, layout: TreeSeqs, root_position: int, length: int,
+              what: str) -> dict:
+    """The step a tree call runs in, on a sequence holding `length` committed tokens: a new
+    one when `step` is None (the root run as node 0 at position `length`, or committed at
+    length - 1), else `step`, which must be of the same tree and root."""
+    if step is None:
+        if root_position not in (length, length - 1) or root_position < 0:
+            raise RedwoodError(f"{what} root_position {root_position} must be the committed "
+                               f"length {length} (root run as node 0) or {length - 1} (root "
+                               "committed)")
+        return {"layout": layout, "root": root_position, "ran": set(), "cells": 0,
+                "root_run": root_position == length, "tokens": {}}
+    if layout.parents != step["layout"].parents or root_position != step["root"]:
+        raise RedwoodError(f"{what} called with another tree or root position in the same "
+                           "step; call keep_path first")
+    return step
+
+
 def check_tree_nodes(step: dict, nodes: list[int]) -> None:
     """run_tree's rules for the nodes of one call: distinct, in BFS order, in range, not run
     before this step, each with its parent run (earlier or in this call) or committed."""

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from redwood.backends.llamacpp_batch import TreeSeqs, check_tree_nodes
+from redwood.backends.llamacpp_batch import TreeSeqs, check_tree_nodes, node_rows, tree_step
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree
 
@@ -94,18 +94,9 @@ def prepare_tree(job: TreeNodes, layout: TreeSeqs, ids: np.ndarray) -> Prepared:
     nodes = [int(u) for u in job.nodes]
     if len(ids) != len(nodes) or not nodes:
         raise RedwoodError(f"tree job got {len(nodes)} nodes and {len(ids)} tokens")
-    rows = list(range(len(nodes))) if job.rows is None else [int(r) for r in job.rows]
-    if any(r < 0 or r >= len(nodes) for r in rows):
-        raise RedwoodError(f"tree job rows {rows} must index the {len(nodes)} nodes")
-    step, first = lane.step, lane.step is None
-    if first:
-        if job.root_position not in (lane.length, lane.length - 1) or job.root_position < 0:
-            raise RedwoodError(f"tree job root_position {job.root_position} must be the lane's "
-                               f"length {lane.length} or {lane.length - 1}")
-        step = {"layout": layout, "root": job.root_position, "ran": set(), "cells": 0,
-                "root_run": job.root_position == lane.length, "tokens": {}}
-    elif layout.parents != step["layout"].parents or job.root_position != step["root"]:
-        raise RedwoodError("tree job with another tree or root position in the same step")
+    rows = node_rows(job.rows, len(nodes), "tree job")
+    first = lane.step is None
+    step = tree_step(lane.step, layout, job.root_position, lane.length, "tree job")
     check_tree_nodes(step, nodes)
     index = np.array(nodes)
     outputs = np.zeros(len(nodes), dtype=np.int8)

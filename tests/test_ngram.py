@@ -16,7 +16,7 @@ from redwood.decode.engine import Engine
 from redwood.decode.layout import TreeLayout
 from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
 from redwood.decode.ngram_drafter import NgramDrafter
-from redwood.decode.ngram_index import Continuation, NgramIndex, build_trie
+from redwood.decode.ngram_index import NEAR_BONUS, Continuation, NgramIndex, build_trie
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
 from tiny import tiny_model
@@ -41,10 +41,11 @@ def longest_common_suffix(a, b, limit):
 
 
 def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, max_length,
-                     max_match=32):
+                     max_match=32, near=None):
     """The definition of NgramIndex.candidates, by scanning the whole stream: occurrences
-    chosen by n-gram (max_n down to min_n, the most recent first), each one's match the
-    common suffix of the text before it and the text, capped at max_match."""
+    chosen by n-gram (max_n down to min_n, the most recent first, plus every one ending in
+    the `near` window), each one's match the common suffix of the text before it and the
+    text, capped at max_match; ranked by match (+ NEAR_BONUS when near), near, count, recency."""
     last = len(tokens) - 1
     taken: dict[int, int] = {}                       # end position -> match length
     for n in range(max_n, min_n - 1, -1):
@@ -52,30 +53,37 @@ def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, m
             continue
         suffix = tokens[len(tokens) - n:]
         ends = [e for e in range(n - 1, last) if tokens[e - n + 1:e + 1] == suffix]
-        for e in ends[-max_occurrences:]:
+        windowed = [e for e in ends if near and near[0] <= e <= near[1]]
+        for e in ends[-max_occurrences:] + windowed:
             taken.setdefault(e, longest_common_suffix(tokens[:e + 1], tokens, max_match))
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple, list] = {}
     for e, m in taken.items():
         follow = tuple(tokens[e + 1:e + 1 + max_length])
-        match, count, recent = groups.get(follow, (0, 0, -1))
-        groups[follow] = [max(match, m), count + 1, max(recent, e)]
-    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][0], -kv[1][1], -kv[1][2]))
+        is_near = bool(near) and near[0] <= e <= near[1]
+        match, count, recent, was_near = groups.get(follow, (0, 0, -1, False))
+        groups[follow] = [max(match, m), count + 1, max(recent, e), was_near or is_near]
+    ranked = sorted(groups.items(), key=lambda kv: (-(kv[1][0] + NEAR_BONUS * kv[1][3]),
+                                                    not kv[1][3], -kv[1][1], -kv[1][2]))
     return [Continuation(follow, *stats) for follow, stats in ranked[:max_continuations]]
 
 
 @settings(max_examples=150, deadline=None)
 @given(tokens=st.lists(st.integers(0, 3), max_size=40), min_n=st.integers(1, 3),
        extra=st.integers(0, 3), occurrences=st.integers(1, 5),
-       continuations=st.integers(1, 6), length=st.integers(1, 6), longer=st.integers(0, 12))
+       continuations=st.integers(1, 6), length=st.integers(1, 6), longer=st.integers(0, 12),
+       near=st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 8))))
 def test_incremental_index_equals_brute_force(tokens, min_n, extra, occurrences, continuations,
-                                              length, longer):
+                                              length, longer, near):
+    """Including a `near` window (lo, lo + width): its occurrences are considered however
+    old, and rank as NEAR_BONUS tokens longer."""
     max_n = min_n + extra
     index = NgramIndex(min_n, max_n, occurrences, max_match=max_n + longer)
+    window = None if near is None else (near[0], near[0] + near[1])
     for i, token in enumerate(tokens):
         index.append(token)
         expected = brute_candidates(tokens[:i + 1], min_n, max_n, occurrences,
-                                    continuations, length, max_n + longer)
-        assert index.candidates(continuations, length) == expected
+                                    continuations, length, max_n + longer, window)
+        assert index.candidates(continuations, length, window) == expected
 
 
 def test_match_lengths_extend_past_the_indexed_ngrams():

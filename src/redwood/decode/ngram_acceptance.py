@@ -9,14 +9,18 @@ from redwood.errors import RedwoodError
 
 # Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text
 # is being repeated), a short one an accident, so the drafter tells them apart up to
-# ngram_index.MAX_MATCH.
-MATCH_BUCKETS = 7
-MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+")
+# ngram_index.MAX_MATCH. Two more buckets come from decode/ngram_edits.py: "near", a match
+# shorter than 8 found just after where the text was last copied from (an edit's copy
+# resuming after a renamed identifier, far likelier than the same short match anywhere
+# else), and "edit", the first token an edit rule changed in a draft (does the rule hold here?).
+MATCH_BUCKETS = 9
+MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+", "near", "edit")
+NEAR_BUCKET, NEAR_BELOW, EDIT_BUCKET = 7, 8, 8
 DEPTH_BUCKETS = 6            # depths 1..5, 6+
 # Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
 # coin flip, long ones usually repeat. Later siblings start at half (they are checked only
 # after the first was rejected).
-PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.8, 0.8)
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 
@@ -26,7 +30,7 @@ def match_bucket(match: int) -> int:
     8-15 -> 4, 16-31 -> 5, 32+ -> 6."""
     if match < 4:
         return max(0, match - 1)
-    return min(MATCH_BUCKETS - 1, 3 + (int(match) // 4).bit_length() - 1)
+    return min(NEAR_BUCKET - 1, 3 + (int(match) // 4).bit_length() - 1)
 
 
 class AcceptanceModel:
@@ -51,8 +55,13 @@ class AcceptanceModel:
 
     @staticmethod
     def key(greedy: bool, node: TrieNode) -> tuple:
-        return (bool(greedy), match_bucket(node.match),
-                min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
+        if node.edited:
+            bucket = EDIT_BUCKET
+        elif node.near and node.match < NEAR_BELOW:
+            bucket = NEAR_BUCKET
+        else:
+            bucket = match_bucket(node.match)
+        return (bool(greedy), bucket, min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
 
     def prior(self, key: tuple) -> float:
         if key in self.calibrated:

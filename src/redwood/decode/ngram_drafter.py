@@ -38,6 +38,13 @@ last trie would never observe a node at depth 5 or more, and a pessimistic estim
 would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
 short chains on a verbatim copy: an exploration trap).
 
+Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text is copying from and
+the changes it made so far. Occurrences just after that place rank first (right after a
+renamed identifier the suffix is short and common, and the most recent occurrence is often in
+another, similar function), and each continuation read from the stream is also offered with
+the changes applied ("rename f" again at the next `f(`), ranked before the verbatim one. Both
+learn their own acceptance (buckets "near" and "edit"). The tracker reads the emitted text only.
+
 Across requests: with an `NgramMemory` (decode/ngram_memory.py) each lookup also ranks what
 followed the suffix in earlier requests' generated text, and `finish()` adds this request's
 (docs/design.md §3.3). The memory changes only between requests, so proposals stay point masses
@@ -52,7 +59,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, match_bucket
+from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel
+from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.errors import RedwoodError
@@ -105,6 +113,7 @@ class NgramDrafter:
         self.costs = None          # plan.live_costs.LiveCosts of the running request (the engine's)
         self.layouts: LayoutCache | None = None
         self.memory, self.use_memory = memory, True
+        self.copy = CopyTracker()
         self._finished, self._store_on_finish = True, False     # no request to store yet
         self.prefill(torch.empty(0, dtype=torch.long))
 
@@ -125,6 +134,7 @@ class NgramDrafter:
         self._finished, self._store_on_finish = False, bool(self.use_memory)
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._walks: list[list] = []           # [trie, greedy, node]: tries still on the text
+        self.copy.reset()
         self._accepted: list[int] = []                           # its accepted tokens
         self._proposed: list[int] = []                           # its proposed trie nodes
         self._open = False                                       # proposed, not yet committed
@@ -154,6 +164,7 @@ class NgramDrafter:
         root = int(root)
         self._learn_from_last(root)
         self.index.append(root)
+        self.copy.step(self.index)
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
@@ -206,7 +217,8 @@ class NgramDrafter:
                 break
             on_path.add(at)
         for u in self._proposed:
-            counts = self.match_counts.setdefault(MATCH_LABELS[match_bucket(trie[u].match)], [0, 0])
+            label = MATCH_LABELS[AcceptanceModel.key(True, trie[u])[1]]
+            counts = self.match_counts.setdefault(label, [0, 0])
             counts[0] += u in on_path
             counts[1] += 1
 
@@ -217,12 +229,18 @@ class NgramDrafter:
             raise RedwoodError("NgramDrafter.skip called between propose and commit")
         self._learn_from_last(int(root))
         self.index.append(int(root))
+        self.copy.step(self.index)
         self._last, self._accepted = None, []
 
     def candidates(self, max_length: int) -> list[Continuation]:
         """This step's continuations of the suffix: the request's own text, merged with the
         memory's when there is one and the request uses it (the request's first on ties)."""
-        ours = self.index.candidates(self.max_continuations, max_length)
+        ours = self.index.candidates(self.max_continuations, max_length, self.copy.near())
+        edited = []
+        for item in ours:                     # each rewritten one just before its verbatim one
+            spliced = self.copy.splice(self.index.tokens, item, max_length)
+            edited += [item] if spliced is None else [spliced, item]
+        ours = edited[:self.max_continuations]
         if self.memory is None or not self.use_memory:
             return ours
         suffix = self.index.tokens[-self.memory.max_match:]

@@ -10,9 +10,13 @@ Pure python: no torch.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 MAX_MATCH = 32          # match lengths are told apart up to here (the drafter buckets 16-31, 32+)
+# Ranking credit of an occurrence where the copy is expected to go on (NgramIndex.occurrences'
+# `near` window): it outranks an occurrence elsewhere unless that one matches 8 tokens longer.
+NEAR_BONUS = 8
 
 
 @dataclass(frozen=True)
@@ -23,15 +27,25 @@ class Continuation:
     match: the longest suffix match among its occurrences (how many tokens before it equal
         the text's last ones; min_n..max_match: it may exceed max_n, the indexed n-grams);
     count: how many considered occurrences it followed;
-    last: the end position of its most recent occurrence (larger = more recent)."""
+    last: the end position of its most recent occurrence (larger = more recent);
+    near: one of its occurrences lies in the lookup's `near` window (where the text is
+        being copied from: NgramIndex.occurrences);
+    start: the stream position of tokens[0] at that near occurrence, else at the most recent
+        one (None for a memory's continuation: another stream). Not part of equality;
+    edited_at: set on a continuation rewritten by an edit rule (decode/ngram_edits.py): the
+        index of its first changed token."""
     tokens: tuple[int, ...]
     match: int
     count: int
     last: int
+    near: bool = False
+    start: int | None = field(default=None, compare=False)
+    edited_at: int | None = None
 
     def rank_key(self):
-        """Sort key, best first: longer match, then more often, then more recently."""
-        return (-self.match, -self.count, -self.last)
+        """Sort key, best first: longer match (a near one counts NEAR_BONUS tokens longer,
+        and wins ties), then more often, then more recently."""
+        return (-(self.match + NEAR_BONUS * self.near), not self.near, -self.count, -self.last)
 
 
 class NgramIndex:
@@ -78,9 +92,13 @@ class NgramIndex:
             self.positions[n].setdefault(gram, []).append(end)
             self.entries += 1
 
-    def occurrences(self) -> list[tuple[int, int]]:
-        """(end position, match length) of the considered earlier occurrences of the suffix,
-        longest match first, most recent first within a length."""
+    def occurrences(self, near: tuple[int, int] | None = None) -> list[tuple[int, int, bool]]:
+        """(end position, match length, is near) of the considered earlier occurrences of
+        the suffix, longest n-gram first, most recent first within one.
+
+        near = (lo, hi): occurrences ending in lo..hi are considered too, however old (an
+        edit's copy resumes there after a rename or an insertion, while a common n-gram has
+        hundreds of more recent occurrences elsewhere), and flagged as near."""
         tokens, last = self.tokens, len(self.tokens) - 1
         taken: set[int] = set()
         found = []
@@ -88,20 +106,35 @@ class NgramIndex:
             ends = self.positions[n].get(tuple(tokens[len(tokens) - n:]), [])
             # ends[-1] is the suffix itself (it ends at `last`): the K before it.
             recent = ends[-self.max_occurrences - 1:-1] if ends and ends[-1] == last else []
-            for end in reversed(recent):
+            for end in list(reversed(recent)) + _in_window(ends, near, last):
                 if end not in taken:
                     taken.add(end)
                     found.append((end, common_suffix(tokens, end, tokens, last, n,
-                                                     self.max_match)))
+                                                     self.max_match),
+                                  near is not None and near[0] <= end <= near[1]))
         return found
 
-    def candidates(self, max_continuations: int, max_length: int) -> list[Continuation]:
+    def candidates(self, max_continuations: int, max_length: int,
+                   near: tuple[int, int] | None = None) -> list[Continuation]:
         """The best `max_continuations` distinct continuations of the current suffix, each
-        the up-to-`max_length` tokens that followed an occurrence; ranked by match length,
-        then count, then recency (`Continuation.rank_key`). Empty when nothing matches."""
+        the up-to-`max_length` tokens that followed an occurrence; ranked near first (see
+        `occurrences`), then by match length, count and recency (`Continuation.rank_key`).
+        Empty when nothing matches."""
         if max_continuations < 1 or max_length < 1:
             return []
-        return rank_continuations(self.tokens, self.occurrences(), max_continuations, max_length)
+        return rank_continuations(self.tokens, self.occurrences(near), max_continuations,
+                                  max_length)
+
+
+def _in_window(ends: list[int], near: tuple[int, int] | None, last: int) -> list[int]:
+    """The end positions (ascending `ends`) in the window near = (lo, hi), before `last`."""
+    if near is None:
+        return []
+    out, i = [], bisect_left(ends, near[0])
+    while i < len(ends) and ends[i] <= near[1] and ends[i] < last:
+        out.append(ends[i])
+        i += 1
+    return out
 
 
 def common_suffix(stream, end: int, text, last: int, known: int, limit: int) -> int:
@@ -119,15 +152,20 @@ def common_suffix(stream, end: int, text, last: int, known: int, limit: int) -> 
 
 def rank_continuations(tokens, occurrences, max_continuations: int,
                        max_length: int) -> list[Continuation]:
-    """Group occurrences [(end, match)] by what followed them; rank the groups."""
-    groups: dict[tuple[int, ...], list[int]] = {}    # continuation -> [match, count, last]
-    for end, match in occurrences:
+    """Group occurrences [(end, match, near)] by what followed them; rank the groups. A
+    group's start is that of its near occurrence if it has one, else of its most recent."""
+    groups: dict[tuple[int, ...], list] = {}    # continuation -> [match, count, last, near, start]
+    for end, match, near in occurrences:
         follow = tuple(tokens[end + 1:end + 1 + max_length])
         stats = groups.get(follow)
         if stats is None:
-            groups[follow] = [match, 1, end]
-        else:
-            stats[0], stats[1], stats[2] = max(stats[0], match), stats[1] + 1, max(stats[2], end)
+            groups[follow] = [match, 1, end, near, end + 1]
+            continue
+        if near and not stats[3]:
+            stats[3], stats[4] = True, end + 1
+        elif not stats[3] and end + 1 > stats[4]:
+            stats[4] = end + 1
+        stats[0], stats[1], stats[2] = max(stats[0], match), stats[1] + 1, max(stats[2], end)
     ranked = sorted((Continuation(follow, *stats) for follow, stats in groups.items()),
                     key=Continuation.rank_key)
     return ranked[:max_continuations]
@@ -136,13 +174,17 @@ def rank_continuations(tokens, occurrences, max_continuations: int,
 @dataclass
 class TrieNode:
     """One proposed token. depth: edges from the root (root 0); rank: 1-based among its
-    siblings; match: the match length of the best continuation through it."""
+    siblings; match: the match length of the best continuation through it; near: that
+    continuation is near the copy's source; edited: this token is the first one an edit rule
+    changed in that continuation (where the rule may not hold)."""
     token: int
     parent: int
     depth: int
     rank: int
     match: int
     children: list[int] = field(default_factory=list)
+    near: bool = False
+    edited: bool = False
 
 
 def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
@@ -159,7 +201,8 @@ def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
                 nxt = len(nodes)
                 parent = nodes[at]
                 nodes.append(TrieNode(token, at, parent.depth + 1, len(parent.children) + 1,
-                                      continuation.match))
+                                      continuation.match, near=continuation.near,
+                                      edited=continuation.edited_at == parent.depth))
                 parent.children.append(nxt)
             at = nxt
     return nodes

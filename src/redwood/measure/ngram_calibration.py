@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_acceptance import NEAR_BUCKET, AcceptanceModel
 from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree, tree_limits
 from redwood.errors import RedwoodError
 
@@ -61,7 +61,7 @@ class NgramCalibration:
                     raise ValueError(f"accepted {accepted} outside [0, trials {trials}]")
                 matches = [int(match)]
                 if data["format"] == 1 and int(match) == _FORMAT1_LONG:
-                    matches = list(range(_FORMAT1_LONG, MATCH_BUCKETS))
+                    matches = list(range(_FORMAT1_LONG, NEAR_BUCKET))
                 for bucket in matches:
                     counts[(bool(greedy), bucket, int(depth), bool(later))] = \
                         [float(accepted), float(trials)]

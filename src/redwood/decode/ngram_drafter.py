@@ -38,12 +38,9 @@ last trie would never observe a node at depth 5 or more, and a pessimistic estim
 would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
 short chains on a verbatim copy: an exploration trap).
 
-Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text is copying from and
-the changes it made so far. Occurrences just after that place rank first (right after a
-renamed identifier the suffix is short and common, and the most recent occurrence is often in
-another, similar function), and each continuation read from the stream is also offered with
-the changes applied ("rename f" again at the next `f(`), ranked before the verbatim one. Both
-learn their own acceptance (buckets "near" and "edit"). The tracker reads the emitted text only.
+Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text copies from; lookups
+rank occurrences there first and offer each continuation also with the text's edits so far
+applied (docs/design.md §3.3). It reads the emitted text only.
 
 Across requests: with an `NgramMemory` (decode/ngram_memory.py) each lookup also ranks what
 followed the suffix in earlier requests' generated text, and `finish()` adds this request's
@@ -236,11 +233,7 @@ class NgramDrafter:
         """This step's continuations of the suffix: the request's own text, merged with the
         memory's when there is one and the request uses it (the request's first on ties)."""
         ours = self.index.candidates(self.max_continuations, max_length, self.copy.near())
-        edited = []
-        for item in ours:                     # each rewritten one just before its verbatim one
-            spliced = self.copy.splice(self.index.tokens, item, max_length)
-            edited += [item] if spliced is None else [spliced, item]
-        ours = edited[:self.max_continuations]
+        ours = self.copy.with_edits(self.index.tokens, ours, max_length)[:self.max_continuations]
         if self.memory is None or not self.use_memory:
             return ours
         suffix = self.index.tokens[-self.memory.max_match:]

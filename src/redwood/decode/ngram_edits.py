@@ -162,6 +162,15 @@ class CopyTracker:
         if not mine:
             del self.rules[rule.context[-1]]
 
+    def with_edits(self, tokens: list[int], continuations: list[Continuation],
+                   max_length: int) -> list[Continuation]:
+        """The continuations, each one a rule rewrites preceded by its rewritten form."""
+        out = []
+        for item in continuations:
+            spliced = self.splice(tokens, item, max_length)
+            out += [item] if spliced is None else [spliced, item]
+        return out
+
     def splice(self, tokens: list[int], continuation: Continuation,
                max_length: int) -> Continuation | None:
         """The continuation with every rule applied where it applies, read on from the

@@ -145,21 +145,3 @@ def test_near_occurrences_outrank_a_more_recent_similar_one():
     drafter.copy.reset()                                # the control: no cursor, no window
     assert drafter.candidates(8)[0].tokens[:5] != (23, 24, 25, 26, 27)
 
-
-def test_the_window_closes_once_an_edit_runs_longer_than_it():
-    """Chat that quoted the prompt and moved on: after `window` new tokens no short match
-    counts as the copy resuming; a long match anchors the cursor again."""
-    tracker = CopyTracker(window=16)
-    index = follow(tracker, SOURCE + SEPARATOR + SOURCE[:12])
-    assert tracker.near() == (11, 27) and not tracker.open        # copying: at the cursor
-    for token in range(200, 216):                                  # 16 new tokens: still an edit
-        index.append(token)
-        tracker.step(index)
-    assert tracker.open and tracker.near() == (12, 27)
-    index.append(216)
-    tracker.step(index)
-    assert tracker.near() is None
-    for token in SOURCE[12:20]:                                    # an 8-token match: anchored
-        index.append(token)
-        tracker.step(index)
-    assert tracker.near() == (19, 35) and not tracker.open

@@ -20,7 +20,7 @@ DEPTH_BUCKETS = 6            # depths 1..5, 6+
 # Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
 # coin flip, long ones usually repeat. Later siblings start at half (they are checked only
 # after the first was rejected).
-PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.6, 0.7)
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.8, 0.8)
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 

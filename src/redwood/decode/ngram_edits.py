@@ -71,24 +71,21 @@ class CopyTracker:
         """A new request: its own cursor; rules learnt on another text do not carry over."""
         self.cursor: tuple[int, int] | None = None       # (src, txt): txt was copied from src
         self.open = False                                # an edit is open at the cursor
-        self._end = -1                                   # the text's last position
         self.rules: dict[int, list[EditRule]] = {}       # by the context's last token
         self._order: list[EditRule] = []                 # oldest first
 
     def near(self) -> tuple[int, int] | None:
         """Stream positions (lo, hi) where an occurrence of the suffix continues the copy: the
         cursor itself while the text follows it, the window after it while an edit is open;
-        None without a cursor or once the open edit has run longer than the window (then no
-        short match is taken for the copy resuming: chat that left the prompt behind)."""
-        if self.cursor is None or (self.open and self._end - self.cursor[1] > self.window):
-            return None                 # an edit this long is a rewrite: the copy is lost
+        None without a cursor."""
+        if self.cursor is None:
+            return None
         src = self.cursor[0]
         return src + self.open, src + self.window
 
     def step(self, index: NgramIndex) -> None:
         """The text grew (its newest token is index.tokens[-1]): follow it."""
         tokens, last = index.tokens, len(index.tokens) - 1
-        self._end = last
         if self.cursor is not None and not self.open:
             src, txt = self.cursor
             while txt < last and src + 1 < txt + 1 and tokens[src + 1] == tokens[txt + 1]:

@@ -33,6 +33,16 @@ def match_bucket(match: int) -> int:
     return min(NEAR_BUCKET - 1, 3 + (int(match) // 4).bit_length() - 1)
 
 
+def node_bucket(node: TrieNode) -> int:
+    """A trie node's bucket (MATCH_LABELS index): "edit" for the first token an edit rule
+    changed, "near" for a short match where the copy resumes, else its match length's."""
+    if node.edited:
+        return EDIT_BUCKET
+    if node.near and node.match < NEAR_BELOW:
+        return NEAR_BUCKET
+    return match_bucket(node.match)
+
+
 class AcceptanceModel:
     """Estimated c = P(node accepted | parent accepted, earlier siblings rejected), by
     key = (greedy, match-length bucket, depth bucket, rank 1 or later), as a Beta-style mean:
@@ -55,13 +65,8 @@ class AcceptanceModel:
 
     @staticmethod
     def key(greedy: bool, node: TrieNode) -> tuple:
-        if node.edited:
-            bucket = EDIT_BUCKET
-        elif node.near and node.match < NEAR_BELOW:
-            bucket = NEAR_BUCKET
-        else:
-            bucket = match_bucket(node.match)
-        return (bool(greedy), bucket, min(node.depth, DEPTH_BUCKETS) - 1, node.rank > 1)
+        return (bool(greedy), node_bucket(node), min(node.depth, DEPTH_BUCKETS) - 1,
+                node.rank > 1)
 
     def prior(self, key: tuple) -> float:
         if key in self.calibrated:

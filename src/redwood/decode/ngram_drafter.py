@@ -56,7 +56,7 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel
+from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, node_bucket
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
@@ -214,8 +214,7 @@ class NgramDrafter:
                 break
             on_path.add(at)
         for u in self._proposed:
-            label = MATCH_LABELS[AcceptanceModel.key(True, trie[u])[1]]
-            counts = self.match_counts.setdefault(label, [0, 0])
+            counts = self.match_counts.setdefault(MATCH_LABELS[node_bucket(trie[u])], [0, 0])
             counts[0] += u in on_path
             counts[1] += 1
 

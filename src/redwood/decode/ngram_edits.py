@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from redwood.decode.ngram_index import Continuation, NgramIndex
+from redwood.decode.ngram_index import Continuation, NgramIndex, common_suffix
 
 RESYNC = 2          # tokens that must match again before an edit counts as closed
 ANCHOR = 8          # a suffix match this long anchors the cursor where nothing is followed
@@ -115,11 +115,8 @@ class CopyTracker:
                 (tokens[after] if after < len(tokens) else None)
             if not rule.applies(tokens, at) or said == tokens[at]:
                 continue
-            shared = 0
-            while shared < len(rule.context) and at - 1 - shared >= 0 and \
-                    tokens[at - 1 - shared] == rule.context[-1 - shared]:
-                shared += 1
-            rule.needs = shared + 1
+            k = len(rule.context)
+            rule.needs = common_suffix(tokens, at - 1, rule.context, k - 1, 0, k) + 1
             if rule.needs > len(rule.context):
                 self._drop(rule)
 
@@ -129,9 +126,7 @@ class CopyTracker:
         src, txt = self.cursor
         best_m, best_e = 0, None
         for e in range(src + 1, min(src + self.window, last - 1) + 1):
-            m = 0
-            while m < last - txt and e - m > src and tokens[e - m] == tokens[last - m]:
-                m += 1
+            m = common_suffix(tokens, e, tokens, last, 0, min(last - txt, e - src))
             if m > best_m:
                 best_m, best_e = m, e
         if best_m < RESYNC:
@@ -145,8 +140,6 @@ class CopyTracker:
         return True
 
     def _add(self, rule: EditRule) -> None:
-        if not rule.context:
-            return
         for old in list(self.rules.get(rule.context[-1], [])):
             if old.context == rule.context and old.skipped == rule.skipped:
                 self._drop(old)                          # relearnt: the new one replaces it

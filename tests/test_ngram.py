@@ -15,7 +15,7 @@ from redwood.decode.drafter import ChildChooser
 from redwood.decode.engine import Engine
 from redwood.decode.layout import TreeLayout
 from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
-from redwood.decode.ngram_drafter import NgramDrafter
+from redwood.decode.ngram_drafter import DRAFT_MARGIN, NgramDrafter
 from redwood.decode.ngram_index import NEAR_BONUS, Continuation, NgramIndex, build_trie
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
@@ -174,10 +174,23 @@ def propose_after(drafter, text, root, tree=WIDE_DEEP, **options):
 REPEATED = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
 
 
+def test_a_tree_must_beat_plain_by_the_margin():
+    # One node at c: E(2) / t(2) = (1 + c) / 15 against 1 / 10 for a plain step. c = 0.55 is
+    # 3 % faster on paper, inside DRAFT_MARGIN (10 %): plain. c = 0.7 is 13 % faster: drafted.
+    one_node = chain(2)
+    assert DRAFT_MARGIN == 0.1
+    assert root_alone(propose_after(drafter_with(0.55), REPEATED, 3, one_node), 3)
+    assert propose_after(drafter_with(0.7), REPEATED, 3, one_node).tokens.tolist() == [3, 4]
+    assert propose_after(drafter_with(0.55, margin=0.02), REPEATED, 3,
+                         one_node).tokens.tolist() == [3, 4]
+    with pytest.raises(RedwoodError, match="margin"):
+        NgramDrafter(target_ms=STEEP, margin=-0.1)
+
+
 def test_cost_model_sizes_the_proposal():
     # t(2) = 1.5 t(1): one node pays only if it is accepted more than half the time.
-    assert root_alone(propose_after(drafter_with(0.45), REPEATED, 3), 3)
-    assert propose_after(drafter_with(0.55), REPEATED, 3).tokens.tolist()[:2] == [3, 4]
+    assert root_alone(propose_after(drafter_with(0.45, margin=0), REPEATED, 3), 3)
+    assert propose_after(drafter_with(0.55, margin=0), REPEATED, 3).tokens.tolist()[:2] == [3, 4]
     # E(n)/t(n) with c = 0.9 on a chain of 8 (values 0.9, 0.81, ...): the best measured n <= 9.
     rates = {n: (1 + sum(0.9 ** k for k in range(1, n))) / t for n, t in STEEP.items() if n <= 9}
     proposal = propose_after(drafter_with(0.9), REPEATED, 3, chain(12))
@@ -229,7 +242,7 @@ def test_learns_from_the_emitted_text_even_without_drafting(emitted, drafts_afte
     proposed). The token emitted next is observed all the same: never 4 -> the rate falls;
     always 4 -> it rises and the drafter starts proposing."""
     text, key = torch.tensor([4, 5, 6, 4, 5, 6, 4, 5]), (True, 3, 0, False)   # match 4+, depth 1
-    drafter = drafter_with(0.45)
+    drafter = drafter_with(0.45, margin=0)
     for step in range(5):
         drafter.prefill(text)
         proposal = drafter.propose(6, layout(WIDE_DEEP), GREEDY)

@@ -274,3 +274,49 @@ def test_an_interrupted_run_keeps_the_prompts_every_method_answered():
         b.shutdown()
     assert len(records) == 2 * 2 and {r.prompt for r in records} == {"chat-0", "chat-1"}
     assert "interrupted: keeping the 2 prompts" in lines[-1]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_fresh_rounds_start_every_server_before_each_round(monkeypatch, tmp_path, fresh):
+    """--fresh-rounds: each round runs on servers started for it (so none carries what it
+    learnt into the next round); without it the servers start once. Records keep their round
+    numbers and the methods rotate as in one long run."""
+    from redwood.bench import server_run
+
+    starts, stops, stubs = [], [], []
+
+    class Started:
+        def __init__(self, url):
+            self.url = url
+
+        def pause(self):
+            pass
+
+        def resume(self):
+            pass
+
+    def start(methods, setup, log_dir):
+        starts.append([m.name for m in methods])
+        out = {}
+        for m in methods:
+            server, url = serve_in_thread(0.0, tokens=3)
+            stubs.append(server)
+            out[m.name] = Started(url)
+        return out
+
+    monkeypatch.setattr(server_run, "start_servers", start)
+    monkeypatch.setattr(server_run, "stop_servers", lambda servers: stops.append(list(servers)))
+    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
+               for i in range(2)]
+    config = ServerBenchConfig(methods=["redwood"], rounds=3, max_tokens=3, fresh_rounds=fresh)
+    try:
+        records = server_run.measure(config, check_methods(config.methods), SETUP, prompts,
+                                     tmp_path)
+    finally:
+        for server in stubs:
+            server.shutdown()
+    assert len(starts) == len(stops) == (3 if fresh else 1)
+    assert starts[0] == ["llama-server", "redwood"]
+    assert [r.round for r in records] == [r for r in range(3) for _ in range(4)]
+    assert [r.method for r in records[:4]] == ["llama-server", "redwood", "redwood", "llama-server"]
+    assert [r.method for r in records[4:6]] == ["redwood", "llama-server"]     # round 2 rotated

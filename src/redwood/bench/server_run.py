@@ -91,16 +91,31 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
     prompts, notes = load_prompt_sets(PromptEncoder(tokenizer), config.prompt_sets, config.prompts)
     out_dir = Path(config.out_dir)
     log_dir = Path(config.log_dir) if config.log_dir else out_dir / "server-logs"
-    servers = start_servers(methods, setup, log_dir)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    try:
-        records = run_requests(config, prompts, {name: s.url for name, s in servers.items()},
-                               servers=servers)
-    finally:
-        stop_servers(servers)
+    records = measure(config, methods, setup, prompts, log_dir)
     doc = summarise(config, methods, records, setup, describe_sets(prompts), notes)
     doc.update(command=command_line, started=started, finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     return write(config, doc, records)
+
+
+def measure(config: ServerBenchConfig, methods, setup: ServerSetup, prompts,
+            log_dir: Path) -> list:
+    """Every round's records: the servers started once, or (config.fresh_rounds) afresh before
+    each round. A round cut short by Ctrl-C ends the run with what every method answered."""
+    chunks = [range(r, r + 1) for r in range(config.rounds)] if config.fresh_rounds \
+        else [range(config.rounds)]
+    records: list = []
+    for rounds in chunks:
+        servers = start_servers(methods, setup, log_dir)
+        try:
+            got = run_requests(config, prompts, {name: s.url for name, s in servers.items()},
+                               servers=servers, rounds=rounds)
+        finally:
+            stop_servers(servers)
+        records += got
+        if len(got) < len(rounds) * len(config.temperatures) * len(prompts) * len(methods):
+            break                                       # interrupted: keep what was measured
+    return records
 
 
 def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> dict:
@@ -161,7 +176,10 @@ def render_markdown(doc: dict) -> str:
              f"- highest 1-min load average seen: {doc['load_average_max']:.2f}",
              f"- llama-server build: {doc['llama_server_build']}",
              f"- {doc['config']['rounds']} rounds, methods rotating per prompt, natural stop "
-             f"(max_tokens {doc['config']['max_tokens']}), one request at a time", "",
+             f"(max_tokens {doc['config']['max_tokens']}), one request at a time"
+             + ("; every server started afresh before each round (--fresh-rounds: each round "
+                "is every server's first sight of the prompts)"
+                if doc["config"].get("fresh_rounds") else ""), "",
              "## Results", "",
              f"× plain llama-server, end to end (its request time over the method's, prefill "
              f"included; answers of another length compared at the method's length with "

@@ -363,6 +363,11 @@ def _add_bench(sub):
                    help="--servers: keep every server's prompt cache (a request reuses the "
                    "prefix it shares with that server's previous one, as agent loops do); "
                    "default: every request evaluates its whole prompt")
+    p.add_argument("--fresh-rounds", action="store_true",
+                   help="--servers: start every server afresh before each round, so no round "
+                   "sees what a server learnt in an earlier one (redwood's memory of earlier "
+                   "answers, ngram-mod's pool, prompt caches): the per-prompt minimum over "
+                   "rounds is then each prompt's best first sight")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -404,7 +409,8 @@ def _cmd_bench_servers(args):
         prompts=args.prompts or 10, rounds=args.rounds,
         temperatures=tuple(args.temperatures or (0.0,)),
         max_tokens=args.max_new_tokens or 512, seed=args.seed, stream=args.stream,
-        cache_prompt=args.cache_prompt, out_dir=args.out_dir, machine=args.machine)
+        cache_prompt=args.cache_prompt, fresh_rounds=args.fresh_rounds, out_dir=args.out_dir,
+        machine=args.machine)
     paths = run_servers_command(config, args.llama_server, args.target, args.draft,
                                 _bench_command(args))
     print("wrote " + ", ".join(paths.values()))

@@ -70,6 +70,13 @@ from redwood.plan.tree import Tree, bfs_renumber
 # stopped short of it. Each step is still sized by E(n) / t(n).
 COPY_DEPTH = 32
 MAX_WALKS = 16      # earlier steps' tries followed along the text at once (module doc)
+# A tree must be predicted this much faster than a plain step to be drafted: its E(n) rests on
+# acceptance estimates that are off by more than that on prompts unlike the calibration's
+# (a short match in chat kept 0.57 where the prior said 0.8), and on a steep CPU a step that
+# keeps less than predicted loses outright (t(4) = 2.8 t(1)). The policy replay on this
+# machine's costs (benchmarks/copy_ceiling.py) put the worst chat/HumanEval prompt at 0.96x
+# without it and 0.98x with it, whole-file edits at 79 % and 78 % of the ceiling's gain.
+DRAFT_MARGIN = 0.1
 
 
 class NgramDrafter:
@@ -97,7 +104,10 @@ class NgramDrafter:
                  max_continuations: int = 8, max_length: int = 8, max_occurrences: int = 32,
                  model: AcceptanceModel | None = None, learn: bool = True, clock=time.perf_counter,
                  memory: NgramMemory | None = None,
-                 target_ms_by_context: dict | None = None):
+                 target_ms_by_context: dict | None = None, margin: float = DRAFT_MARGIN):
+        if not 0 <= margin < 10:
+            raise RedwoodError(f"NgramDrafter margin must be in [0, 10), got {margin}")
+        self.margin = float(margin)
         self.target_ms = _check_target_ms(target_ms)
         self.target_ms_by_context = None if target_ms_by_context is None else \
             check_times_by_context(target_ms_by_context, "NgramDrafter")
@@ -285,7 +295,8 @@ class NgramDrafter:
         return bool(trie[at].children)
 
     def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
-        """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n.
+        """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n;
+        a tree predicted less than `margin` (DRAFT_MARGIN) faster than a plain step gives n = 1.
         t(n) is the profile's at this context (step_target_ms); with live costs from the
         engine (plan/live_costs.py, rebased on the profile at the request's context as it
         grows) it is their corrected figure. Without target_ms every size costs 1."""
@@ -302,6 +313,8 @@ class NgramDrafter:
                 rate = expected / sizes[n]
                 if best is None or rate > best:
                     best_n, best = n, rate
+        if self.sizes_itself and best_n > 1 and 1 in sizes and best < (1 + self.margin) / sizes[1]:
+            return 1, 1.0 / sizes[1]          # not clearly faster than plain (DRAFT_MARGIN)
         return best_n, best
 
     def step_target_ms(self) -> dict[int, float] | None:

@@ -165,7 +165,6 @@ def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
     return records
 
 
-
 def alone(name: str, servers: dict, call):
     """call() with every server but `name` paused."""
     others = [s for n, s in servers.items() if n != name]

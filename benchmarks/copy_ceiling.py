@@ -88,7 +88,8 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
 
     from redwood.decode.drafter import ChildChooser
     from redwood.decode.layout import LayoutCache
-    from redwood.decode.ngram_drafter import COPY_DEPTH, ngram_budget_tree
+    from redwood.decode.ngram_drafter import COPY_DEPTH
+    from redwood.decode.ngram_trees import ngram_budget_tree
     from redwood.plan.live_costs import measured_ms
 
     layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree(depth=COPY_DEPTH))

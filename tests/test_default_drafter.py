@@ -65,7 +65,8 @@ def test_the_demo_says_which_drafter_decides():
 
     from redwood.cli.demo import planner_line
     from redwood.decode.hybrid_drafter import HybridDrafter
-    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+    from redwood.decode.ngram_drafter import NgramDrafter
+    from redwood.decode.ngram_trees import ngram_budget_tree
 
     tree = ngram_budget_tree()
     engine = SimpleNamespace(drafter=NgramDrafter(), tree=tree, profile=STEEP)

@@ -11,7 +11,7 @@ import torch
 from redwood.decode.engine import Engine
 from redwood.decode.hybrid_drafter import (HybridDrafter, hybrid_budget_tree, hybrid_drafting,
                                            limits_tree)
-from redwood.decode.ngram_drafter import ngram_budget_tree
+from redwood.decode.ngram_trees import ngram_budget_tree
 from redwood.errors import RedwoodError
 from redwood.plan.formats import Profile
 from redwood.plan.tree import Tree

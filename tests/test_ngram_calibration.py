@@ -11,7 +11,8 @@ import torch
 from redwood.cli.main import main
 from redwood.decode.engine import Engine
 from redwood.decode.ngram_acceptance import AcceptanceModel
-from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+from redwood.decode.ngram_drafter import NgramDrafter
+from redwood.decode.ngram_trees import ngram_budget_tree
 from redwood.errors import RedwoodError
 from redwood.measure.ngram_calibration import (NgramCalibration, acceptance_model, calibrate_ngram,
                                                replay)

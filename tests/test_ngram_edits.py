@@ -5,7 +5,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
+from redwood.decode.ngram_trees import ngram_budget_tree
 from redwood.decode.ngram_edits import CopyTracker, EditRule
 from redwood.decode.ngram_index import Continuation, NgramIndex
 

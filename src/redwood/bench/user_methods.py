@@ -34,7 +34,8 @@ from redwood.errors import RedwoodError
 
 def ngram_spec(factory, setting: Setting) -> MethodSpec:
     from redwood.decode.engine import Engine
-    from redwood.decode.ngram_drafter import NgramDrafter, ngram_budget_tree
+    from redwood.decode.ngram_drafter import NgramDrafter
+    from redwood.decode.ngram_trees import ngram_budget_tree
 
     from redwood.measure.ngram_calibration import acceptance_model
 

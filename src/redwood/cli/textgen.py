@@ -131,7 +131,8 @@ def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     the profile timed several, as on llama.cpp) and corrected by the request's live costs,
     so the drafter decides every step itself (no governor: NgramDrafter.sizes_itself); its
     acceptance priors from the bundle's n-gram calibration when it has one."""
-    from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree
+    from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
+    from redwood.decode.ngram_trees import ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
     from redwood.measure.ngram_calibration import acceptance_model
 

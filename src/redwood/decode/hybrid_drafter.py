@@ -28,7 +28,8 @@ from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.governor import draft_ms, step_ms, target_ms
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_drafter import NgramDrafter, tree_limits
+from redwood.decode.ngram_drafter import NgramDrafter
+from redwood.decode.ngram_trees import tree_limits
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, bfs_renumber
 
@@ -261,7 +262,7 @@ def hybrid_drafting(engine, plans, profile, temperatures=(0.0,), ngram_tree: Tre
     and a fresh n-gram drafter on `profile`'s target costs. The budget bounds the plans of
     `temperatures` (every temperature a request may pick a plan for). acceptance: the n-gram
     side's AcceptanceModel (calibrated priors), else the default priors."""
-    from redwood.decode.ngram_drafter import ngram_budget_tree
+    from redwood.decode.ngram_trees import ngram_budget_tree
 
     if engine.draft_backend is None:
         raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")

@@ -82,3 +82,48 @@ class AcceptanceModel:
         counts = self.counts.setdefault(key, [0.0, 0.0])
         counts[0] += float(accepted)
         counts[1] += 1.0
+
+
+# Drafted tokens of prior belief that the model's predictions hold for a new request: a request
+# whose first drafts keep a third of what was predicted drafts less within two or three steps.
+CALIBRATION_PRIOR_TOKENS = 8.0
+CALIBRATION_RANGE = (0.25, 2.0)
+
+
+class RequestCalibration:
+    """How far this request's drafts keep what the model predicted: factor = (kept + w) /
+    (predicted + w) over its drafted steps' extra tokens (bonus excluded), w =
+    CALIBRATION_PRIOR_TOKENS, clamped to CALIBRATION_RANGE.
+
+    Why: the model's rates pool every request the drafter has seen (and the bundle's
+    calibration), but prompts differ: a chat answer's 8-token match repeats far less often than
+    an edit's, and one repeated list teaches rates the next prompt does not keep. Scaling this
+    request's path values by its own kept / predicted makes the E(n) that sizes its trees (and
+    that --json reports as predicted tokens per step) track what its target keeps; the trie's
+    order is unchanged, and proposals stay point masses fixed before verification."""
+
+    def __init__(self, prior_tokens: float = CALIBRATION_PRIOR_TOKENS):
+        if not prior_tokens > 0:
+            raise RedwoodError(f"calibration prior must be > 0 tokens, got {prior_tokens}")
+        self.prior_tokens = float(prior_tokens)
+        self.kept = self.predicted = 0.0
+
+    def reset(self) -> None:
+        self.kept = self.predicted = 0.0
+
+    @property
+    def factor(self) -> float:
+        low, high = CALIBRATION_RANGE
+        ratio = (self.kept + self.prior_tokens) / (self.predicted + self.prior_tokens)
+        return min(high, max(low, ratio))
+
+    def record(self, predicted: float, kept: int) -> None:
+        """One drafted step: the model's (uncalibrated) predicted extra tokens, the kept ones."""
+        self.predicted += float(predicted)
+        self.kept += float(kept)
+
+    def scale(self, values: list[float]) -> list[float]:
+        """Path values (non-increasing, in [0, 1]) scaled by the factor, capped at 1: still
+        non-increasing, so best-first order and joint allocation are unchanged."""
+        factor = self.factor
+        return [min(1.0, v * factor) for v in values]

@@ -38,6 +38,10 @@ last trie would never observe a node at depth 5 or more, and a pessimistic estim
 would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
 short chains on a verbatim copy: an exploration trap).
 
+Per request: the rates pool every request seen, so a request's path values are scaled by what
+its own drafts kept against what they predicted (`RequestCalibration`): a chat answer that keeps
+half of what the pooled rates promise drafts smaller trees within a few steps.
+
 Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text copies from; lookups
 rank occurrences there first and offer each continuation also with the text's edits so far
 applied (docs/design.md §3.3). It reads the emitted text only.
@@ -49,21 +53,22 @@ fixed before verification.
 """
 from __future__ import annotations
 
-import heapq
 import time
 
 import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, node_bucket
+from redwood.decode.ngram_acceptance import (MATCH_LABELS, AcceptanceModel, RequestCalibration,
+                                              node_bucket)
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
+from redwood.decode.ngram_trees import best_first, bfs_subtree, tree_limits
 from redwood.errors import RedwoodError
 from redwood.plan.formats import check_times_by_context, interpolate_by_context
 from redwood.plan.live_costs import CONTEXT_BUCKET     # the same grid as LiveCosts.follow
-from redwood.plan.tree import Tree, bfs_renumber
+from redwood.plan.tree import Tree
 
 # Longest chain a copy may draft: long copies pay only past the steep part of llama.cpp's cost
 # curve on a CPU (t(8) > 2 t(4) but t(16) < 1.3 t(8) on a 2-core EPYC); an 8-token cap
@@ -117,6 +122,7 @@ class NgramDrafter:
         self.max_continuations, self.max_length = int(max_continuations), int(max_length)
         self.model = model or AcceptanceModel()
         self.learn, self.clock = learn, clock
+        self.calibration = RequestCalibration()     # this request's kept / predicted (learn only)
         self.costs = None          # plan.live_costs.LiveCosts of the running request (the engine's)
         self.layouts: LayoutCache | None = None
         self.memory, self.use_memory = memory, True
@@ -142,6 +148,8 @@ class NgramDrafter:
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._walks: list[list] = []           # [trie, greedy, node]: tries still on the text
         self.copy.reset()
+        self.calibration.reset()
+        self._raw: dict[int, float] = {}           # this step's uncalibrated value per node
         self._accepted: list[int] = []                           # its accepted tokens
         self._proposed: list[int] = []                           # its proposed trie nodes
         self._open = False                                       # proposed, not yet committed
@@ -175,6 +183,9 @@ class NgramDrafter:
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
+        self._raw = dict(zip(taken, values))
+        if self.learn:                     # E(n) as this request's drafts have kept so far
+            values = self.calibration.scale(values)
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
         if self.learn and len(trie) > 1:
@@ -208,6 +219,7 @@ class NgramDrafter:
         self._accepted, self._open = list(accepted), False
         if self._proposed:
             self._count_by_match(accepted)
+            self.calibration.record(sum(self._raw[u] for u in self._proposed), len(accepted))
 
     def withdraw(self) -> None:
         """The last proposal is not run (the caller found no room for it): it counts in no
@@ -330,62 +342,6 @@ class NgramDrafter:
         return self._context_ms[1]
 
 
-def tree_limits(tree: Tree) -> tuple[int, int, int]:
-    """(nodes, leaves, depth in edges) of the requested tree: the proposal stays within them."""
-    leaves = sum(1 for kids in tree.children if not kids)
-    return len(tree), leaves, tree.num_levels - 1
-
-
-def best_first(trie: list[TrieNode], rates: list[float], limits: tuple[int, int, int],
-               min_confidence: float = 0.0) -> tuple[list[int], list[float]]:
-    """Take trie nodes in decreasing path value, each after its parent and its earlier siblings,
-    within (max nodes, max leaves, max depth). Returns (taken node ids, their values).
-
-    A candidate is the first child of a taken node or the next sibling of a taken node; a
-    non-first sibling adds a leaf. `miss` = the value of reaching the parent and rejecting
-    every earlier sibling, so value = miss · c.
-    """
-    max_nodes, max_leaves, max_depth = limits
-    heap: list[tuple[float, int, float]] = []                   # (-value, node, miss)
-
-    def push(node: int, miss: float) -> None:
-        if rates[node] >= min_confidence and trie[node].depth <= max_depth:
-            heapq.heappush(heap, (-miss * rates[node], node, miss))
-
-    if trie[0].children:
-        push(trie[0].children[0], 1.0)
-    taken, values, leaves = [], [], 1
-    while heap and len(taken) < max_nodes - 1:
-        negative, node, miss = heapq.heappop(heap)
-        item = trie[node]
-        if item.rank > 1:
-            if leaves >= max_leaves:
-                continue
-            leaves += 1
-        taken.append(node)
-        values.append(-negative)
-        siblings = trie[item.parent].children
-        if item.rank < len(siblings):
-            push(siblings[item.rank], miss * (1.0 - rates[node]))
-        if item.children:
-            push(item.children[0], -negative)
-    return taken, values
-
-
-def bfs_subtree(trie: list[TrieNode], keep: set[int]) -> tuple[list[int], list[int]]:
-    """The root plus the kept nodes in BFS order with siblings in rank order:
-    (parents list for redwood.plan.tree.Tree, trie node of each tree node)."""
-    order, parents = [0], [-1]
-    for i in range(len(trie)):                  # `order` grows while we walk it
-        if i >= len(order):
-            break
-        for child in trie[order[i]].children:
-            if child in keep:
-                order.append(child)
-                parents.append(i)
-    return parents, order
-
-
 def _check_target_ms(target_ms) -> dict[int, float] | None:
     if target_ms is None:
         return None
@@ -393,23 +349,3 @@ def _check_target_ms(target_ms) -> dict[int, float] | None:
     if 1 not in times or any(n < 1 or not t > 0 for n, t in times.items()):
         raise RedwoodError("target_ms needs positive times by tree size n >= 1, including n = 1")
     return times
-
-
-def ngram_budget_tree(depth: int = 16, branches: int = 8, branch_depth: int = 2) -> Tree:
-    """The limits an n-gram drafter works within, as a tree for the engine's checks: one
-    chain `depth` deep (long copies) plus `branches - 1` short side chains (other
-    continuations). Only its node count, leaf count and depth matter to NgramDrafter; the
-    per-step size comes from its cost model."""
-    parents = [-1] + list(range(depth - 1))                  # the main chain: nodes 0..depth-1
-    level1 = []
-    for _ in range(branches - 1):                            # side children of the root
-        parents.append(0)
-        level1.append(len(parents) - 1)
-    for _ in range(branch_depth - 1):
-        nxt = []
-        for u in level1:
-            parents.append(u)
-            nxt.append(len(parents) - 1)
-        level1 = nxt
-    return Tree(bfs_renumber(parents)[0],
-                {"kind": "ngram budget", "depth": depth, "branches": branches})

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from redwood.decode.ngram_acceptance import NEAR_BUCKET, AcceptanceModel
-from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree, tree_limits
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
+from redwood.decode.ngram_trees import ngram_budget_tree, tree_limits
 from redwood.errors import RedwoodError
 
 FORMAT = 2

@@ -14,7 +14,7 @@ each drafting a 16-node copy (a 136-token decode) make every lane wait for all o
 step that would have decoded eight tokens in t(8) now takes many times as long.
 
 Each request's candidate nodes come best-first with non-increasing path values (the
-probability that the target keeps the node, ngram_drafter.best_first), so its expected tokens
+probability that the target keeps the node, ngram_trees.best_first), so its expected tokens
 after k nodes are 1 + the sum of its first k values. Greedy marginal allocation is then exact
 for a fixed total: the next node is always the best one not yet taken by anyone. Every total
 is rated with the step's cost and the best total kept (ties to the smaller). With one request

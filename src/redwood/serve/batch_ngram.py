@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter, ngram_budget_tree, tree_limits
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
+from redwood.decode.ngram_trees import ngram_budget_tree, tree_limits
 from redwood.plan.batch_planner import ROOT_ONLY
 from redwood.plan.joint_sizes import joint_sizes
 from redwood.plan.live_costs import CONTEXT_BUCKET, LiveCosts, measured_ms

@@ -15,7 +15,8 @@ by context, else its 128-token table) it replays:
 - `ngram policy`: redwood's n-gram drafter as it runs (its cost model, its calibrated priors,
   learning, and its memory of earlier answers in run order), proposing on the prompt and the
   answer so far; a step gains the longest proposed path the answer follows, plus the bonus
-  token, and costs t(tree size);
+  token, and costs t(tree size); its predicted tokens per drafted step (E(n)) against the
+  tokens kept there are the replay's check of the acceptance estimates' calibration;
 and reports, per prompt, both as end-to-end speedups over plain decoding (prompt time + t(1)
 per token), beside the measured speedup of each method (round 1: the memory-flattering later
 rounds excluded) and the share of the ceiling's gain a method reached: (measured - 1) /
@@ -51,10 +52,14 @@ def main(argv=None) -> int:
         costs = _costs_at(profile, len(ids) + len(answer) // 2)
         plain = prompt_ms + costs[1] * len(answer)
         ceiling = prompt_ms + oracle_ms(len(answer), costs)
-        policy = prompt_ms + policy_ms(drafter, ids, answer, costs)
+        replayed = policy_ms(drafter, ids, answer, costs)
+        policy = prompt_ms + replayed["ms"]
         row = {"set": prompt_set, "prompt": name, "prompt_tokens": len(ids),
                "answer_tokens": len(answer), "ceiling": round(plain / ceiling, 3),
-               "ngram_policy": round(plain / policy, 3)}
+               "ngram_policy": round(plain / policy, 3),
+               "policy_drafted_steps": replayed["steps"],
+               "policy_predicted_tokens": round(replayed["predicted"], 2),
+               "policy_kept_tokens": replayed["kept"]}
         for method in sorted({r["method"] for r in records} - {args.baseline}):
             mine = _first(records, prompt_set, name, method)
             if mine is not None:
@@ -82,8 +87,10 @@ def oracle_ms(tokens: int, costs: dict[int, float]) -> float:
     return best[tokens]
 
 
-def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> float:
-    """Decode time of `answer` under the n-gram drafter's own choices (see the module doc)."""
+def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> dict:
+    """Decode time of `answer` under the n-gram drafter's own choices (see the module doc):
+    {"ms", and over the steps that drafted: "steps", "predicted" tokens (the drafter's E(n),
+    bonus included), "kept" tokens}."""
     import torch
 
     from redwood.decode.drafter import ChildChooser
@@ -96,6 +103,7 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
     choose = ChildChooser(greedy=True)
     drafter.prefill(torch.tensor(prompt[:-1]))
     text, root, at, total = answer, prompt[-1], 0, 0.0
+    drafted = {"steps": 0, "predicted": 0.0, "kept": 0}
     while at < len(text):
         proposal = drafter.propose(root, layout, choose)
         parents, tokens = proposal.layout.tree.parents, proposal.tokens.tolist()
@@ -109,11 +117,15 @@ def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, fl
             path.append(match[0])
         drafter.commit(path, proposal.tokens)
         gained = len(path)                   # accepted drafts + the bonus token
+        if len(tokens) > 1:
+            drafted["steps"] += 1
+            drafted["predicted"] += proposal.expected_tokens
+            drafted["kept"] += gained
         total += measured_ms(costs, len(tokens))
         at += gained
         root = text[at - 1] if at - 1 < len(text) else root
     drafter.finish()
-    return total
+    return {"ms": total, **drafted}
 
 
 def _costs_at(profile, context: int) -> dict[int, float]:
@@ -166,7 +178,8 @@ def _drafter(profile):
 def markdown(rows: list[dict]) -> str:
     methods = sorted({k for r in rows for k in r if k not in
                       ("set", "prompt", "prompt_tokens", "answer_tokens", "ceiling",
-                       "ngram_policy") and not k.endswith(" share")})
+                       "ngram_policy") and not k.endswith(" share")
+                      and not k.startswith("policy_")})
     head = ["set", "prompt", "prompt / answer tokens", "ceiling", "ngram policy (replayed)"]
     lines = ["| " + " | ".join(head + [f"{m} (measured, share of ceiling)" for m in methods]) + " |",
              "|" + "---|" * (len(head) + len(methods))]
@@ -180,8 +193,12 @@ def markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     for prompt_set in sorted({r["set"] for r in rows}):
         mine = [r for r in rows if r["set"] == prompt_set]
+        steps = sum(r["policy_drafted_steps"] for r in mine) or 1
         summary = [f"ceiling median {statistics.median(r['ceiling'] for r in mine):.2f}",
-                   f"policy {statistics.median(r['ngram_policy'] for r in mine):.2f}"]
+                   f"policy {statistics.median(r['ngram_policy'] for r in mine):.2f}",
+                   f"policy predicted / kept tokens per drafted step "
+                   f"{sum(r['policy_predicted_tokens'] for r in mine) / steps:.2f} / "
+                   f"{sum(r['policy_kept_tokens'] for r in mine) / steps:.2f}"]
         for m in methods:
             shares = [r[m + " share"] for r in mine if r.get(m + " share") is not None]
             if shares:

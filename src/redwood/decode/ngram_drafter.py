@@ -38,10 +38,6 @@ last trie would never observe a node at depth 5 or more, and a pessimistic estim
 would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
 short chains on a verbatim copy: an exploration trap).
 
-Per request: the rates pool every request seen, so a request's path values are scaled by what
-its own drafts kept against what they predicted (`RequestCalibration`): a chat answer that keeps
-half of what the pooled rates promise drafts smaller trees within a few steps.
-
 Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text copies from; lookups
 rank occurrences there first and offer each continuation also with the text's edits so far
 applied (docs/design.md §3.3). It reads the emitted text only.
@@ -59,8 +55,7 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import (MATCH_LABELS, AcceptanceModel, RequestCalibration,
-                                              node_bucket)
+from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, node_bucket
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
@@ -122,7 +117,6 @@ class NgramDrafter:
         self.max_continuations, self.max_length = int(max_continuations), int(max_length)
         self.model = model or AcceptanceModel()
         self.learn, self.clock = learn, clock
-        self.calibration = RequestCalibration()     # this request's kept / predicted (learn only)
         self.costs = None          # plan.live_costs.LiveCosts of the running request (the engine's)
         self.layouts: LayoutCache | None = None
         self.memory, self.use_memory = memory, True
@@ -148,8 +142,6 @@ class NgramDrafter:
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._walks: list[list] = []           # [trie, greedy, node]: tries still on the text
         self.copy.reset()
-        self.calibration.reset()
-        self._raw: dict[int, float] = {}           # this step's uncalibrated value per node
         self._accepted: list[int] = []                           # its accepted tokens
         self._proposed: list[int] = []                           # its proposed trie nodes
         self._open = False                                       # proposed, not yet committed
@@ -183,9 +175,6 @@ class NgramDrafter:
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         rates = [1.0] + [self.model.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
-        self._raw = dict(zip(taken, values))
-        if self.learn:                     # E(n) as this request's drafts have kept so far
-            values = self.calibration.scale(values)
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
         if self.learn and len(trie) > 1:
@@ -219,7 +208,6 @@ class NgramDrafter:
         self._accepted, self._open = list(accepted), False
         if self._proposed:
             self._count_by_match(accepted)
-            self.calibration.record(sum(self._raw[u] for u in self._proposed), len(accepted))
 
     def withdraw(self) -> None:
         """The last proposal is not run (the caller found no room for it): it counts in no

@@ -18,7 +18,9 @@ probability that the target keeps the node, ngram_trees.best_first), so its expe
 after k nodes are 1 + the sum of its first k values. Greedy marginal allocation is then exact
 for a fixed total: the next node is always the best one not yet taken by anyone. Every total
 is rated with the step's cost and the best total kept (ties to the smaller). With one request
-this is the lone rule E(n) / t(n). Pure python, like the rest of redwood.plan.
+this is the lone rule E(n) / t(n), margin included: drafts are kept only when the step's rate
+beats the all-plain step's by the margin (the n-gram drafter's DRAFT_MARGIN: E rests on
+estimates that can be off by more than a few %). Pure python, like the rest of redwood.plan.
 """
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ import heapq
 
 
 def joint_sizes(values: list[list[float]], step_ms, fixed: int = 0,
-                max_total: int | None = None) -> list[int]:
+                max_total: int | None = None, margin: float = 0.0) -> list[int]:
     """Drafted nodes per request (beyond its root) for one shared decode.
 
     values[r]: request r's candidate nodes' path values, best first (non-increasing).
     step_ms(T): the predicted ms of one target decode over T tokens (positive).
     fixed: tokens other requests put in the decode that draft nothing here (their roots,
-    each yielding one token). max_total: the most tokens the decode may hold."""
+    each yielding one token). max_total: the most tokens the decode may hold. margin: the
+    fraction by which a drafting allocation must beat the all-plain step's rate."""
     lanes = len(values) + fixed
     if not values:
         return []
@@ -40,7 +43,8 @@ def joint_sizes(values: list[list[float]], step_ms, fixed: int = 0,
     heap = [(-v[0], r) for r, v in enumerate(values) if v]
     heapq.heapify(heap)
     total, expected = lanes, float(lanes)
-    best_rate, best = expected / step_ms(total), list(taken)
+    plain_rate = expected / step_ms(total)
+    best_rate, best = plain_rate, list(taken)
     while heap and (max_total is None or total < max_total):
         negative, r = heapq.heappop(heap)
         taken[r] += 1
@@ -51,4 +55,6 @@ def joint_sizes(values: list[list[float]], step_ms, fixed: int = 0,
         rate = expected / step_ms(total)
         if rate > best_rate * (1.0 + 1e-9):
             best_rate, best = rate, list(taken)
+    if best_rate < plain_rate * (1.0 + margin):
+        return [0] * len(values)
     return best

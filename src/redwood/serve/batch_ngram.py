@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
+from redwood.decode.ngram_drafter import COPY_DEPTH, DRAFT_MARGIN, NgramDrafter
 from redwood.decode.ngram_trees import ngram_budget_tree, tree_limits
 from redwood.plan.batch_planner import ROOT_ONLY
 from redwood.plan.joint_sizes import joint_sizes
@@ -110,7 +110,7 @@ def propose(scheduler, work: list) -> None:
     fixed = sum(len(w.tree) for w in work if w.live.ngram is None)
     table = drafting.step_ms_at(sum(_context(w) for w in work))
     sizes = joint_sizes([x[4] for x in looked], lambda total: measured_ms(table, total), fixed,
-                        scheduler.target.n_batch)
+                        scheduler.target.n_batch, DRAFT_MARGIN)
     for (w, layout, trie, taken, values, start), k in zip(looked, sizes):
         drafter = w.live.ngram
         proposal = drafter.proposal(trie, taken[:k], layout, drafter.clock() - start)

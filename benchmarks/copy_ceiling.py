@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         costs = _costs_at(profile, len(ids) + len(answer) // 2)
         plain = prompt_ms + costs[1] * len(answer)
         ceiling = prompt_ms + oracle_ms(len(answer), costs)
-        replayed = policy_ms(drafter, ids, answer, costs)
+        replayed = policy_replay(drafter, ids, answer, costs)
         policy = prompt_ms + replayed["ms"]
         row = {"set": prompt_set, "prompt": name, "prompt_tokens": len(ids),
                "answer_tokens": len(answer), "ceiling": round(plain / ceiling, 3),
@@ -87,7 +87,7 @@ def oracle_ms(tokens: int, costs: dict[int, float]) -> float:
     return best[tokens]
 
 
-def policy_ms(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> dict:
+def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> dict:
     """Decode time of `answer` under the n-gram drafter's own choices (see the module doc):
     {"ms", and over the steps that drafted: "steps", "predicted" tokens (the drafter's E(n),
     bonus included), "kept" tokens}."""

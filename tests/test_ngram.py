@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.engine import Engine
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_acceptance import MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_acceptance import (MATCH_BUCKETS, MATCH_LABELS, AcceptanceModel,
+                                              node_bucket)
 from redwood.decode.ngram_drafter import DRAFT_MARGIN, NgramDrafter
-from redwood.decode.ngram_index import NEAR_BONUS, Continuation, NgramIndex, build_trie
+from redwood.decode.ngram_index import (NEAR_BONUS, Continuation, NgramIndex, TrieNode,
+                                         build_trie)
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
 from tiny import tiny_model
@@ -390,3 +392,57 @@ def assert_no_near_tie(fresh, prompt, tokens, margin: float = 0.1):
     logits = fresh.append(prompt + tokens, rows=len(tokens) + 1)[:-1]
     top = logits.topk(2, dim=-1).values
     assert float((top[:, 0] - top[:, 1]).min()) > margin, f"near-tie in {prompt}"
+
+
+def test_near_matches_of_one_token_are_a_bucket_of_their_own():
+    """A one-token agreement where the copy was is told apart from a 2-7-token one (kept 0.44
+    against 0.75-1.0 on chat in the replay); long near matches keep their length's bucket."""
+    def label(match, near=False, edited=False):
+        node = TrieNode(5, 0, 1, 1, match, near=near, edited=edited)
+        return MATCH_LABELS[node_bucket(node)]
+    assert [label(m, near=True) for m in (1, 2, 7, 8, 20)] == \
+        ["near-1", "near", "near", "8-15", "16-31"]
+    assert [label(m) for m in (1, 2, 3, 4, 8, 16, 32)] == \
+        ["1", "2", "3", "4-7", "8-15", "16-31", "32+"]
+    assert label(1, near=True, edited=True) == "edit"
+    assert len(MATCH_LABELS) == MATCH_BUCKETS == len(AcceptanceModel().prior_rank1)
+
+
+class OneKeyModel(AcceptanceModel):
+    """Every node shares one key, so each rejection the text shows counts against it."""
+
+    @staticmethod
+    def key(greedy, node):
+        return (True, 0, 0, False)
+
+
+def rejected_steps(drafter, steps: int) -> list[bool]:
+    """A request whose prompt pairs a -> a + 1000 (one continuation per root) while the text
+    goes a, 7, a + 1, 7, ...: every proposal is rejected. Whether each step drafted."""
+    prompt = [t for a in range(100, 100 + steps) for t in (a, a + 1000)]
+    drafter.prefill(torch.tensor(prompt))
+    drafted = []
+    for a in range(100, 100 + steps):
+        for root in (a, 7):
+            proposal = drafter.propose(root, layout(chain(2)), GREEDY)
+            if root == a:
+                drafted.append(not root_alone(proposal, a))
+            drafter.commit([0], proposal.tokens)
+    return drafted
+
+
+def test_a_request_that_keeps_rejecting_a_key_stops_drafting_on_it(monkeypatch):
+    """The pooled model says 0.9 from 100,000 earlier observations (drafted on STEEP: c > 0.65).
+    This request's text rejects every proposal: its own evidence (OWN_WEIGHT against the
+    pooled rate) turns it plain within a few tens of steps, while the pooled rate alone barely
+    moves; the next request starts again from the pooled rate."""
+    model = OneKeyModel()
+    model.counts[(True, 0, 0, False)] = [90000.0, 100000.0]
+    drafter = NgramDrafter(target_ms=STEEP, model=model)
+    drafted = rejected_steps(drafter, 60)
+    assert drafted[0] and not any(drafted[-10:])
+    assert model.rate((True, 0, 0, False)) > 0.88             # the pool still says draft
+    assert rejected_steps(drafter, 1) == [True]               # a new request: drafted again
+    monkeypatch.setattr("redwood.decode.ngram_drafter.OWN_WEIGHT", 1e12)   # pooled rate only
+    model.counts[(True, 0, 0, False)] = [90000.0, 100000.0]
+    assert all(rejected_steps(NgramDrafter(target_ms=STEEP, model=model), 60))

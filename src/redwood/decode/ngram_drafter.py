@@ -55,7 +55,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import MATCH_LABELS, AcceptanceModel, node_bucket
+from redwood.decode.ngram_acceptance import (MATCH_LABELS, AcceptanceModel, RequestEstimates,
+                                              node_bucket)
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
@@ -77,15 +78,6 @@ MAX_WALKS = 16      # earlier steps' tries followed along the text at once (modu
 # machine's costs (benchmarks/copy_ceiling.py) put the worst chat/HumanEval prompt at 0.96x
 # without it and 0.98x with it, whole-file edits at 79 % and 78 % of the ceiling's gain.
 DRAFT_MARGIN = 0.1
-# A key's rate for this request: its own observations of the key (every child the text walked
-# past, module doc) with the pooled rate counted as this many observations. The pooled model
-# mixes requests (a whole-file edit keeps one-token "near" resumptions 0.86 of the time, an
-# agent step answering with new arguments 0.67 or less), so a request whose text keeps rejecting
-# a key stops drafting on it after tens of observations while a copy is not talked out of its
-# chains by a few. Replayed on recorded answers (benchmarks/copy_ceiling.py, 2-core Xeon
-# costs), 64 raised the mean policy speed on every set (whole-file 1.93 -> 1.94, HumanEval
-# 1.15 -> 1.18) with no prompt 0.02 lower; 4 and 16 lost up to 10 % on single whole-file edits.
-OWN_WEIGHT = 64.0
 
 
 class NgramDrafter:
@@ -156,13 +148,7 @@ class NgramDrafter:
         self._open = False                                       # proposed, not yet committed
         # this request's proposed drafts by match length: label -> [accepted, proposed]
         self.match_counts: dict[str, list[int]] = {}
-        self._own: dict[tuple, list[float]] = {}      # this request's observations per key
-
-    def _rate(self, key: tuple) -> float:
-        """The acceptance estimate this request drafts on (OWN_WEIGHT)."""
-        pooled = self.model.rate(key)
-        accepted, trials = self._own.get(key, (0.0, 0.0))
-        return (accepted + OWN_WEIGHT * pooled) / (trials + OWN_WEIGHT)
+        self.estimates = RequestEstimates(self.model)     # the model as this request learns it
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -189,7 +175,7 @@ class NgramDrafter:
         self.index.append(root)
         self.copy.step(self.index)
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
-        rates = [1.0] + [self._rate(self.model.key(greedy, node)) for node in trie[1:]]
+        rates = [1.0] + [self.estimates.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
@@ -300,11 +286,7 @@ class NgramDrafter:
             match = None
             for child in trie[at].children:
                 hit = trie[child].token == token
-                key = self.model.key(greedy, trie[child])
-                self.model.observe(key, hit)
-                own = self._own.setdefault(key, [0.0, 0.0])
-                own[0] += hit
-                own[1] += 1.0
+                self.estimates.observe(self.model.key(greedy, trie[child]), hit)
                 if hit:
                     match = child
                     break

@@ -17,7 +17,12 @@ by context, else its 128-token table) it replays:
   answer so far; a step gains the longest proposed path the answer follows, plus the bonus
   token, and costs t(tree size); its predicted tokens per drafted step (E(n)) against the
   tokens kept there are the replay's check of the acceptance estimates' calibration;
-and reports, per prompt, both as end-to-end speedups over plain decoding (prompt time + t(1)
+- `copy ceiling`: an oracle limited to copying: each step may draft only a span that occurs
+  verbatim in its sources (it knows which occurrence to take), on the prompt and the answer so
+  far (`request`) and with the earlier answers of the run added (`with memory`); their ratio
+  bounds what a memory of earlier answers can add to a copy drafter on that request;
+- `request-only policy`: the same n-gram policy without the memory;
+and reports, per prompt, each as an end-to-end speedup over plain decoding (prompt time + t(1)
 per token), beside the measured speedup of each method (round 1: the memory-flattering later
 rounds excluded) and the share of the ceiling's gain a method reached: (measured - 1) /
 (ceiling - 1). The replay is a cost-model prediction: it ignores the time around the forwards
@@ -41,7 +46,8 @@ def main(argv=None) -> int:
     records = [r for r in json.loads(Path(args.raw).read_text()) if r["temperature"] == 0]
     profile, tokenizer, pair = _machine()
     prompts = _prompt_ids(pair, records)
-    drafter = _drafter(profile)
+    drafter, alone = _drafter(profile), _drafter(profile, memory=False)
+    earlier: list[list[int]] = []          # answers so far in run order (the memory's text)
     rows = []
     for (prompt_set, name), ids in prompts.items():
         base = _first(records, prompt_set, name, args.baseline)
@@ -54,9 +60,16 @@ def main(argv=None) -> int:
         ceiling = prompt_ms + oracle_ms(len(answer), costs)
         replayed = policy_replay(drafter, ids, answer, costs)
         policy = prompt_ms + replayed["ms"]
+        request_only = prompt_ms + policy_replay(alone, ids, answer, costs)["ms"]
+        copy_request = prompt_ms + copy_oracle_ms([ids], answer, costs)
+        copy_memory = prompt_ms + copy_oracle_ms([ids, *earlier], answer, costs)
+        earlier.append(answer)
         row = {"set": prompt_set, "prompt": name, "prompt_tokens": len(ids),
-               "answer_tokens": len(answer), "ceiling": round(plain / ceiling, 3),
+               "answer_tokens": len(answer), "plain_ms": round(plain, 1), "ceiling": round(plain / ceiling, 3),
                "ngram_policy": round(plain / policy, 3),
+               "request_only_policy": round(plain / request_only, 3),
+               "copy_ceiling_request": round(plain / copy_request, 3),
+               "copy_ceiling_memory": round(plain / copy_memory, 3),
                "policy_drafted_steps": replayed["steps"],
                "policy_predicted_tokens": round(replayed["predicted"], 2),
                "policy_kept_tokens": replayed["kept"]}
@@ -85,6 +98,36 @@ def oracle_ms(tokens: int, costs: dict[int, float]) -> float:
     for r in range(1, tokens + 1):
         best[r] = min(costs[n] + best[r - n] for n in sizes if n <= r)
     return best[tokens]
+
+
+def copy_oracle_ms(sources: list[list[int]], answer: list[int], costs: dict[int, float]) -> float:
+    """Least decode time of `answer` when a step may draft only a span found verbatim in the
+    sources or in the answer before it: span[at] = the longest prefix of answer[at:] occurring
+    there (brute force); best[at] = min over d <= span[at] of t(d + 1) + best[at + d + 1]."""
+    from redwood.plan.live_costs import measured_ms
+
+    longest = max(costs) - 1
+    positions: dict[int, list[tuple[list[int], int]]] = {}
+    for text in sources:
+        for i, token in enumerate(text):
+            positions.setdefault(token, []).append((text, i))
+    span = []
+    for at in range(len(answer)):
+        best = 0
+        for text, i in positions.get(answer[at], ()):
+            end = at if text is answer else len(text)      # copy only what is already there
+            k = 1
+            while k < longest and i + k < end and at + k < len(answer) \
+                    and text[i + k] == answer[at + k]:
+                k += 1
+            best = max(best, k)
+        span.append(min(best, longest))
+        positions.setdefault(answer[at], []).append((answer, at))
+    time = [0.0] * (len(answer) + 1)
+    for at in range(len(answer) - 1, -1, -1):
+        reach = min(span[at], len(answer) - at - 1)
+        time[at] = min(measured_ms(costs, d + 1) + time[at + d + 1] for d in range(reach + 1))
+    return time[0]
 
 
 def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> dict:
@@ -161,7 +204,7 @@ def _prompt_ids(pair, records) -> dict:
     return {(p.prompt_set, p.name): p.ids.tolist() for p in prompts if (p.prompt_set, p.name) in wanted}
 
 
-def _drafter(profile):
+def _drafter(profile, memory: bool = True):
     from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
     from redwood.decode.ngram_memory import NgramMemory
     from redwood.measure.bundles import find_bundle
@@ -172,20 +215,28 @@ def _drafter(profile):
     return NgramDrafter(target_ms=profile.target_ms,
                         target_ms_by_context=profile.target_ms_by_context,
                         model=acceptance_model(bundle), max_length=COPY_DEPTH,
-                        memory=NgramMemory(max_tokens=32768))
+                        memory=NgramMemory(max_tokens=32768) if memory else None)
+
+
+def _total(rows: list[dict], speedup: str) -> float:
+    """The set's total plain time over its total time under a replay (a speedup of the sum)."""
+    return sum(r["plain_ms"] for r in rows) / sum(r["plain_ms"] / r[speedup] for r in rows)
 
 
 def markdown(rows: list[dict]) -> str:
     methods = sorted({k for r in rows for k in r if k not in
-                      ("set", "prompt", "prompt_tokens", "answer_tokens", "ceiling",
+                      ("set", "prompt", "prompt_tokens", "answer_tokens", "plain_ms", "ceiling",
                        "ngram_policy") and not k.endswith(" share")
-                      and not k.startswith("policy_")})
-    head = ["set", "prompt", "prompt / answer tokens", "ceiling", "ngram policy (replayed)"]
+                      and not k.startswith(("policy_", "request_only", "copy_ceiling"))})
+    head = ["set", "prompt", "prompt / answer tokens", "ceiling", "copy ceiling: request / with memory",
+            "ngram policy (replayed)", "without memory (replayed)"]
     lines = ["| " + " | ".join(head + [f"{m} (measured, share of ceiling)" for m in methods]) + " |",
              "|" + "---|" * (len(head) + len(methods))]
     for r in rows:
         cells = [r["set"], r["prompt"], f"{r['prompt_tokens']} / {r['answer_tokens']}",
-                 f"{r['ceiling']:.2f}", f"{r['ngram_policy']:.2f}"]
+                 f"{r['ceiling']:.2f}",
+                 f"{r['copy_ceiling_request']:.2f} / {r['copy_ceiling_memory']:.2f}",
+                 f"{r['ngram_policy']:.2f}", f"{r['request_only_policy']:.2f}"]
         for m in methods:
             share = r.get(m + " share")
             cells.append(f"{r[m]:.2f} ({share:.0%})" if m in r and share is not None
@@ -195,7 +246,16 @@ def markdown(rows: list[dict]) -> str:
         mine = [r for r in rows if r["set"] == prompt_set]
         steps = sum(r["policy_drafted_steps"] for r in mine) or 1
         summary = [f"ceiling median {statistics.median(r['ceiling'] for r in mine):.2f}",
+                   f"copy ceiling request / with memory "
+                   f"{statistics.median(r['copy_ceiling_request'] for r in mine):.2f} / "
+                   f"{statistics.median(r['copy_ceiling_memory'] for r in mine):.2f}",
                    f"policy {statistics.median(r['ngram_policy'] for r in mine):.2f}",
+                   f"without memory {statistics.median(r['request_only_policy'] for r in mine):.2f}",
+                   f"memory / request per prompt, median: copy ceiling "
+                   f"{statistics.median(r['copy_ceiling_memory'] / r['copy_ceiling_request'] for r in mine):.3f}, "
+                   f"policy {statistics.median(r['ngram_policy'] / r['request_only_policy'] for r in mine):.3f}; "
+                   f"over the set's total time: copy ceiling {_total(mine, 'copy_ceiling_memory') / _total(mine, 'copy_ceiling_request'):.3f}, "
+                   f"policy {_total(mine, 'ngram_policy') / _total(mine, 'request_only_policy'):.3f}",
                    f"policy predicted / kept tokens per drafted step "
                    f"{sum(r['policy_predicted_tokens'] for r in mine) / steps:.2f} / "
                    f"{sum(r['policy_kept_tokens'] for r in mine) / steps:.2f}"]

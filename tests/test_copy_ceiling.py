@@ -1,0 +1,67 @@
+"""benchmarks/copy_ceiling.py's copy-limited oracle: drafts only spans its sources hold (pure
+python; no model)."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "copy_ceiling.py"
+SPEC = importlib.util.spec_from_file_location("copy_ceiling_script", PATH)
+cc = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(cc)
+
+COSTS = {1: 100.0, 2: 110.0, 4: 130.0, 8: 170.0}
+
+
+def brute_force_ms(sources, answer, costs):
+    """Every split of the answer into steps whose drafted part (all but the last token of the
+    step) occurs verbatim in a source or in the answer before the step."""
+    from redwood.plan.live_costs import measured_ms
+
+    def copyable(at, d):
+        span = answer[at:at + d]
+        texts = [*sources, answer[:at]]
+        return d == 0 or any(t[i:i + d] == span for t in texts for i in range(len(t) - d + 1))
+
+    best = {len(answer): 0.0}
+    for at in range(len(answer) - 1, -1, -1):
+        best[at] = min(measured_ms(costs, d + 1) + best[at + d + 1]
+                       for d in range(min(max(costs) - 1, len(answer) - at - 1) + 1)
+                       if copyable(at, d))
+    return best[0]
+
+
+def test_nothing_to_copy_decodes_plainly():
+    assert cc.copy_oracle_ms([[1, 2, 3]], [7, 8, 9, 10], COSTS) == 400.0
+
+
+def test_an_answer_found_in_a_source_is_copied_in_the_cheapest_chunks():
+    answer = list(range(20, 36))                             # 16 tokens, all in the source
+    assert cc.copy_oracle_ms([[5, *answer, 6]], answer, COSTS) == cc.oracle_ms(16, COSTS)
+
+
+def test_a_copy_never_reads_the_part_of_the_answer_not_yet_written():
+    # [1, 2] repeated: the second copy can come from the first, the first from nowhere
+    assert cc.copy_oracle_ms([], [1, 2, 1, 2], COSTS) == pytest.approx(100 + 100 + 110)   # t(2): 1 drafted + bonus
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_matches_a_brute_force_over_every_schedule(seed):
+    rng = random.Random(seed)
+    sources = [[rng.randrange(4) for _ in range(rng.randrange(0, 12))] for _ in range(2)]
+    answer = [rng.randrange(4) for _ in range(rng.randrange(1, 14))]
+    assert cc.copy_oracle_ms(sources, answer, COSTS) == pytest.approx(
+        brute_force_ms(sources, answer, COSTS))
+
+
+def test_a_memory_source_only_ever_helps():
+    rng = random.Random(5)
+    for _ in range(20):
+        answer = [rng.randrange(5) for _ in range(12)]
+        prompt = [rng.randrange(5) for _ in range(6)]
+        earlier = [rng.randrange(5) for _ in range(10)]
+        assert cc.copy_oracle_ms([prompt, earlier], answer, COSTS) <= \
+            cc.copy_oracle_ms([prompt], answer, COSTS)

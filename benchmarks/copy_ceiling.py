@@ -65,7 +65,8 @@ def main(argv=None) -> int:
         copy_memory = prompt_ms + copy_oracle_ms([ids, *earlier], answer, costs)
         earlier.append(answer)
         row = {"set": prompt_set, "prompt": name, "prompt_tokens": len(ids),
-               "answer_tokens": len(answer), "plain_ms": round(plain, 1), "ceiling": round(plain / ceiling, 3),
+               "answer_tokens": len(answer), "plain_ms": round(plain, 1),
+               "ceiling": round(plain / ceiling, 3),
                "ngram_policy": round(plain / policy, 3),
                "request_only_policy": round(plain / request_only, 3),
                "copy_ceiling_request": round(plain / copy_request, 3),
@@ -100,7 +101,8 @@ def oracle_ms(tokens: int, costs: dict[int, float]) -> float:
     return best[tokens]
 
 
-def copy_oracle_ms(sources: list[list[int]], answer: list[int], costs: dict[int, float]) -> float:
+def copy_oracle_ms(sources: list[list[int]], answer: list[int],
+                   costs: dict[int, float]) -> float:
     """Least decode time of `answer` when a step may draft only a span found verbatim in the
     sources or in the answer before it: span[at] = the longest prefix of answer[at:] occurring
     there (brute force); best[at] = min over d <= span[at] of t(d + 1) + best[at + d + 1]."""
@@ -223,13 +225,43 @@ def _total(rows: list[dict], speedup: str) -> float:
     return sum(r["plain_ms"] for r in rows) / sum(r["plain_ms"] / r[speedup] for r in rows)
 
 
+def _summary(mine: list[dict], methods: list[str]) -> list[str]:
+    """One set's medians over prompts, the memory's gain (copy oracle and policy) and the
+    policy's calibration."""
+    def median(key):
+        return statistics.median(r[key] for r in mine)
+
+    def gain(with_memory, alone):
+        per_prompt = statistics.median(r[with_memory] / r[alone] for r in mine)
+        return f"{per_prompt:.3f} ({_total(mine, with_memory) / _total(mine, alone):.3f} in total)"
+
+    steps = sum(r["policy_drafted_steps"] for r in mine) or 1
+    summary = [f"ceiling median {median('ceiling'):.2f}",
+               f"copy ceiling request / with memory {median('copy_ceiling_request'):.2f} / "
+               f"{median('copy_ceiling_memory'):.2f}",
+               f"policy {median('ngram_policy'):.2f}",
+               f"without memory {median('request_only_policy'):.2f}",
+               "memory over the request's own text, per-prompt median: copy ceiling "
+               + gain("copy_ceiling_memory", "copy_ceiling_request") + ", policy "
+               + gain("ngram_policy", "request_only_policy"),
+               f"policy predicted / kept tokens per drafted step "
+               f"{sum(r['policy_predicted_tokens'] for r in mine) / steps:.2f} / "
+               f"{sum(r['policy_kept_tokens'] for r in mine) / steps:.2f}"]
+    for m in methods:
+        shares = [r[m + " share"] for r in mine if r.get(m + " share") is not None]
+        if shares:
+            summary.append(f"{m} share median {statistics.median(shares):.0%}")
+    return summary
+
+
 def markdown(rows: list[dict]) -> str:
     methods = sorted({k for r in rows for k in r if k not in
                       ("set", "prompt", "prompt_tokens", "answer_tokens", "plain_ms", "ceiling",
                        "ngram_policy") and not k.endswith(" share")
                       and not k.startswith(("policy_", "request_only", "copy_ceiling"))})
-    head = ["set", "prompt", "prompt / answer tokens", "ceiling", "copy ceiling: request / with memory",
-            "ngram policy (replayed)", "without memory (replayed)"]
+    head = ["set", "prompt", "prompt / answer tokens", "ceiling",
+            "copy ceiling: request / with memory", "ngram policy (replayed)",
+            "without memory (replayed)"]
     lines = ["| " + " | ".join(head + [f"{m} (measured, share of ceiling)" for m in methods]) + " |",
              "|" + "---|" * (len(head) + len(methods))]
     for r in rows:
@@ -244,26 +276,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     for prompt_set in sorted({r["set"] for r in rows}):
         mine = [r for r in rows if r["set"] == prompt_set]
-        steps = sum(r["policy_drafted_steps"] for r in mine) or 1
-        summary = [f"ceiling median {statistics.median(r['ceiling'] for r in mine):.2f}",
-                   f"copy ceiling request / with memory "
-                   f"{statistics.median(r['copy_ceiling_request'] for r in mine):.2f} / "
-                   f"{statistics.median(r['copy_ceiling_memory'] for r in mine):.2f}",
-                   f"policy {statistics.median(r['ngram_policy'] for r in mine):.2f}",
-                   f"without memory {statistics.median(r['request_only_policy'] for r in mine):.2f}",
-                   f"memory / request per prompt, median: copy ceiling "
-                   f"{statistics.median(r['copy_ceiling_memory'] / r['copy_ceiling_request'] for r in mine):.3f}, "
-                   f"policy {statistics.median(r['ngram_policy'] / r['request_only_policy'] for r in mine):.3f}; "
-                   f"over the set's total time: copy ceiling {_total(mine, 'copy_ceiling_memory') / _total(mine, 'copy_ceiling_request'):.3f}, "
-                   f"policy {_total(mine, 'ngram_policy') / _total(mine, 'request_only_policy'):.3f}",
-                   f"policy predicted / kept tokens per drafted step "
-                   f"{sum(r['policy_predicted_tokens'] for r in mine) / steps:.2f} / "
-                   f"{sum(r['policy_kept_tokens'] for r in mine) / steps:.2f}"]
-        for m in methods:
-            shares = [r[m + " share"] for r in mine if r.get(m + " share") is not None]
-            if shares:
-                summary.append(f"{m} share median {statistics.median(shares):.0%}")
-        lines.append(f"\n{prompt_set}: " + ", ".join(summary))
+        lines.append(f"\n{prompt_set}: " + ", ".join(_summary(mine, methods)))
     return "\n".join(lines) + "\n"
 
 

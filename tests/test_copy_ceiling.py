@@ -65,3 +65,18 @@ def test_a_memory_source_only_ever_helps():
         earlier = [rng.randrange(5) for _ in range(10)]
         assert cc.copy_oracle_ms([prompt, earlier], answer, COSTS) <= \
             cc.copy_oracle_ms([prompt], answer, COSTS)
+
+
+def test_the_set_summary_reports_the_memory_gain_per_prompt_and_in_total():
+    rows = [{"set": "agent", "prompt": f"agent-{i}", "prompt_tokens": 100, "answer_tokens": 50,
+             "plain_ms": plain, "ceiling": 2.0, "copy_ceiling_request": alone,
+             "copy_ceiling_memory": mine, "ngram_policy": 1.1, "request_only_policy": 1.1,
+             "policy_drafted_steps": 4, "policy_predicted_tokens": 8.0, "policy_kept_tokens": 10}
+            for i, (plain, alone, mine) in enumerate([(1000.0, 1.0, 2.0), (3000.0, 1.5, 1.5)])]
+    text = cc.markdown(rows)
+    # per prompt 2.0 and 1.0 -> median 1.5; in total (1000 + 3000) / (500 + 2000) = 1.6 over
+    # (1000 + 3000) / (1000 + 2000) = 1.333..., a gain of 1.2
+    assert "copy ceiling 1.500 (1.200 in total)" in text
+    assert "policy 1.000 (1.000 in total)" in text
+    assert "predicted / kept tokens per drafted step 2.00 / 2.50" in text   # pooled over 8 steps
+    assert "| agent | agent-0 | 100 / 50 | 2.00 | 1.00 / 2.00 | 1.10 | 1.10 |" in text

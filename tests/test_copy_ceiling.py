@@ -44,8 +44,9 @@ def test_an_answer_found_in_a_source_is_copied_in_the_cheapest_chunks():
 
 
 def test_a_copy_never_reads_the_part_of_the_answer_not_yet_written():
-    # [1, 2] repeated: the second copy can come from the first, the first from nowhere
-    assert cc.copy_oracle_ms([], [1, 2, 1, 2], COSTS) == pytest.approx(100 + 100 + 110)   # t(2): 1 drafted + bonus
+    # [1, 2] repeated: the second copy can come from the first, the first from nowhere;
+    # t(2) for the last two tokens: one drafted + the bonus
+    assert cc.copy_oracle_ms([], [1, 2, 1, 2], COSTS) == pytest.approx(100 + 100 + 110)
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -2,8 +2,9 @@
 
     python benchmarks/copy_ceiling.py benchmarks/results/cpu-2core-epyc-copy-2026-12-01.raw.json
 
-Reads a server benchmark's raw records (`redwood bench --servers ... --temperature 0`): per
-prompt, plain llama-server's greedy answer (its text, tokenised back to ids), its prompt time
+Reads a server benchmark's raw records (`redwood bench --servers ...`) at one temperature
+(`--temperature`, default 0): per prompt, plain llama-server's answer (greedy, or its sampled
+answer at T > 0; its text, tokenised back to ids), its prompt time
 (llama-server's `timings.prompt_ms`) and every method's end-to-end times. On this machine's
 first-use profile (target t(n) at the request's context length where the profile has a table
 by context, else its 128-token table) it replays:
@@ -26,7 +27,15 @@ and reports, per prompt, each as an end-to-end speedup over plain decoding (prom
 per token), beside the measured speedup of each method (round 1: the memory-flattering later
 rounds excluded) and the share of the ceiling's gain a method reached: (measured - 1) /
 (ceiling - 1). The replay is a cost-model prediction: it ignores the time around the forwards
-and assumes t(n) at the context it interpolates. Writes JSON + markdown next to the input.
+and assumes t(n) at the context it interpolates. Writes JSON + markdown next to the input
+(`-ceiling`, or `-ceiling-t0.6` at T = 0.6).
+
+At T > 0 every method samples its own answer: the oracles and the policy replay run on the
+baseline's sample (a sample is as likely under a point-mass draft as the draft is to be kept,
+so the replay's acceptance is unbiased; the policy drafts with its sampling keys), and a
+method's measured speedup carries the baseline's time to the method's answer length at the
+baseline's own decode cost per token, as the server benchmark's tables do
+(bench.server_report.prompt_ratio), so a shorter sample does not pass for a faster method.
 """
 from __future__ import annotations
 
@@ -41,9 +50,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", help="a server benchmark's .raw.json")
     parser.add_argument("--baseline", default="llama-server")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the records' temperature to replay (default 0: greedy)")
     args = parser.parse_args(argv)
 
-    records = [r for r in json.loads(Path(args.raw).read_text()) if r["temperature"] == 0]
+    records = [r for r in json.loads(Path(args.raw).read_text())
+               if r["temperature"] == args.temperature]
+    if not records:
+        parser.error(f"{args.raw} has no records at temperature {args.temperature:g}")
     profile, tokenizer, pair = _machine()
     prompts = _prompt_ids(pair, records)
     drafter, alone = _drafter(profile), _drafter(profile, memory=False)
@@ -58,9 +72,10 @@ def main(argv=None) -> int:
         costs = _costs_at(profile, len(ids) + len(answer) // 2)
         plain = prompt_ms + costs[1] * len(answer)
         ceiling = prompt_ms + oracle_ms(len(answer), costs)
-        replayed = policy_replay(drafter, ids, answer, costs)
+        replayed = policy_replay(drafter, ids, answer, costs, args.temperature)
         policy = prompt_ms + replayed["ms"]
-        request_only = prompt_ms + policy_replay(alone, ids, answer, costs)["ms"]
+        request_only = prompt_ms + policy_replay(alone, ids, answer, costs,
+                                                 args.temperature)["ms"]
         copy_request = prompt_ms + copy_oracle_ms([ids], answer, costs)
         copy_memory = prompt_ms + copy_oracle_ms([ids, *earlier], answer, costs)
         earlier.append(answer)
@@ -77,13 +92,14 @@ def main(argv=None) -> int:
         for method in sorted({r["method"] for r in records} - {args.baseline}):
             mine = _first(records, prompt_set, name, method)
             if mine is not None:
-                measured = base["wall_seconds"] / mine["wall_seconds"]
+                measured = measured_speedup(base, mine)
                 row[method] = round(measured, 3)
                 row[method + " share"] = round((measured - 1) / (row["ceiling"] - 1), 3) \
                     if row["ceiling"] > 1.001 else None
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
-    out = Path(args.raw.replace(".raw.json", "-ceiling.json"))
+    tail = f"-t{args.temperature:g}" if args.temperature else ""
+    out = Path(args.raw.replace(".raw.json", f"-ceiling{tail}.json"))
     out.write_text(json.dumps({"profile": profile.to_dict(), "rows": rows}, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
@@ -132,10 +148,25 @@ def copy_oracle_ms(sources: list[list[int]], answer: list[int],
     return time[0]
 
 
-def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float]) -> dict:
+def measured_speedup(base: dict, mine: dict) -> float:
+    """The baseline's end-to-end time over the method's on one prompt (raw records), an answer
+    of another length carried to the method's length at the baseline's decode cost per token
+    (the server benchmark's rule, bench.server_report.prompt_ratio)."""
+    from redwood.bench.server_bench import Record
+    from redwood.bench.server_report import per_prompt, prompt_ratio
+
+    def cell(record):
+        return next(iter(per_prompt([Record(**record)]).values()))
+
+    return prompt_ratio(cell(base), cell(mine), "min")
+
+
+def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float],
+                  temperature: float = 0.0) -> dict:
     """Decode time of `answer` under the n-gram drafter's own choices (see the module doc):
     {"ms", and over the steps that drafted: "steps", "predicted" tokens (the drafter's E(n),
-    bonus included), "kept" tokens}."""
+    bonus included), "kept" tokens}. temperature > 0: the drafter sizes its trees with its
+    sampling keys, as it does serving a request at that temperature."""
     import torch
 
     from redwood.decode.drafter import ChildChooser
@@ -145,7 +176,8 @@ def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int
     from redwood.plan.live_costs import measured_ms
 
     layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree(depth=COPY_DEPTH))
-    choose = ChildChooser(greedy=True)
+    choose = ChildChooser(greedy=True) if temperature == 0 else \
+        ChildChooser(greedy=False, temperature=temperature)
     drafter.prefill(torch.tensor(prompt[:-1]))
     text, root, at, total = answer, prompt[-1], 0, 0.0
     drafted = {"steps": 0, "predicted": 0.0, "kept": 0}

@@ -61,7 +61,16 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", nargs="+", default=["llama-server", "redwood"])
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--label", default="", help="part of the output file's name")
+    parser.add_argument("--summarise", metavar="JSON",
+                        help="summarise an earlier run's file again (after the summary changed) "
+                             "and rewrite it; nothing is timed")
     args = parser.parse_args(argv)
+    if args.summarise:
+        doc = json.loads(Path(args.summarise).read_text())
+        doc["summary"] = summarise(doc["rows"], doc["methods"])
+        Path(args.summarise).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"rewrote {args.summarise}")
+        return 0
 
     from redwood.bench.server_bench import start_servers, stop_servers
     from redwood.bench.server_run import cpu_description, find_llama_server, server_setup
@@ -212,8 +221,9 @@ def burst(workload, s, name, servers, tokenizer, max_tokens) -> list[dict]:
 def summarise(rows: list[dict], methods: list[str]) -> dict:
     """Per workload and session, each method's session time (median and best over rounds) and
     its speed against the first method's (> 1: faster): the median and the worst of the
-    per-round ratios, and best time against best time; TTFT on turns >= 2 (second turn on) as
-    the first method's ÷ the method's; answers equal to the first method's in the same round."""
+    per-round ratios, and best time against best time; the same with the first method's time
+    carried to the method's answer length (carried_seconds); TTFT on turns >= 2 (second turn
+    on) as the first method's ÷ the method's; answers equal to the first method's in the same round."""
     base, summary = methods[0], {}
     keys = sorted({(r["workload"], str(r["session"])) for r in rows})
     for workload, s in keys:
@@ -227,7 +237,9 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             print(f"{workload} {s} {m}: median {entry_m['seconds']:.1f} s, best "
                   f"{entry_m['best_seconds']:.1f} s; x{entry_m['speed_vs_base']:.2f} vs {base} "
                   f"(worst round x{entry_m['worst_round_speed_vs_base']:.2f}, best of rounds "
-                  f"x{entry_m['best_speed_vs_base']:.2f}); first token (turns 2+) median "
+                  f"x{entry_m['best_speed_vs_base']:.2f}; at the same answer length "
+                  f"x{entry_m['same_length_speed_vs_base']:.2f}, worst round "
+                  f"x{entry_m['same_length_worst_round']:.2f}); first token (turns 2+) median "
                   f"{entry_m['ttft_turns_2_on_median_s']} s; answers equal to {base}'s "
                   f"{entry_m['answers_equal']}")
         summary[f"{workload}/{s}"] = entry
@@ -248,6 +260,8 @@ def method_summary(rows: list[dict], m: str, base: str) -> dict | None:
         return None
     ratios = [theirs[r] / mine[r] for r in mine if r in theirs]
     my_turns, their_turns = turns(m), turns(base)
+    same_length = [carried_seconds(their_turns, my_turns, r, theirs[r]) / mine[r]
+                   for r in mine if r in theirs]
     ttft = [(their_turns[k]["ttft_seconds"], row["ttft_seconds"]) for k, row in my_turns.items()
             if isinstance(k[1], int) and k[1] >= 1 and k in their_turns
             and row["ttft_seconds"] and their_turns[k]["ttft_seconds"]]
@@ -259,11 +273,33 @@ def method_summary(rows: list[dict], m: str, base: str) -> dict | None:
             "speed_vs_base": round(statistics.median(ratios), 3),
             "worst_round_speed_vs_base": round(min(ratios), 3),
             "best_speed_vs_base": round(min(theirs.values()) / min(mine.values()), 3),
+            "same_length_speed_vs_base": round(statistics.median(same_length), 3),
+            "same_length_worst_round": round(min(same_length), 3),
             "ttft_turns_2_on_median_s": round(statistics.median(t for _, t in ttft), 3)
             if ttft else None,
             "ttft_speed_vs_base": round(statistics.median(b / t for b, t in ttft), 3)
             if ttft else None,
             "answers_equal": f"{equal}/{len(compared)}"}
+
+
+def carried_seconds(base_turns: dict, my_turns: dict, round_: int, base_seconds: float) -> float:
+    """The baseline's session time in `round_` carried to the method's answer length: plus
+    (the method's generated tokens - the baseline's) x the baseline's own decode time per
+    token in that session (its turns' time after the first token over their tokens after the
+    first), the server benchmark's rule (bench.server_report.prompt_ratio), so a session whose
+    greedy near-ties led to longer answers is compared on the same work."""
+    def of(turns):
+        return [row for (r, _), row in turns.items() if r == round_]
+
+    base, mine = of(base_turns), of(my_turns)
+    decoding = [(row["wall_seconds"] - row["ttft_seconds"], row["completion_tokens"] - 1)
+                for row in base if row.get("ttft_seconds") and (row.get("completion_tokens") or 0) > 1]
+    seconds, tokens = sum(d for d, _ in decoding), sum(n for _, n in decoding)
+    if not tokens:
+        return base_seconds
+    extra = sum(r.get("completion_tokens") or 0 for r in mine) - \
+        sum(r.get("completion_tokens") or 0 for r in base)
+    return max(base_seconds + extra * seconds / tokens, 1e-9)
 
 
 if __name__ == "__main__":

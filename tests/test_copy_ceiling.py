@@ -81,3 +81,32 @@ def test_the_set_summary_reports_the_memory_gain_per_prompt_and_in_total():
     assert "policy 1.000 (1.000 in total)" in text
     assert "predicted / kept tokens per drafted step 2.00 / 2.50" in text   # pooled over 8 steps
     assert "| agent | agent-0 | 100 / 50 | 2.00 | 1.00 / 2.00 | 1.10 | 1.10 |" in text
+
+
+def _record(method, wall, tokens, decode_ms=None):
+    extra = {"timings": {"predicted_n": tokens, "predicted_ms": decode_ms}} if decode_ms else {}
+    return {"round": 1, "prompt_set": "whole_file", "prompt": "whole_file-0", "temperature": 0.6,
+            "method": method, "order": 0, "prompt_tokens": 400, "wall_seconds": wall,
+            "completion_tokens": tokens, "finish_reason": "stop", "ttft_seconds": None,
+            "text": "x" * tokens, "load_average": 0.0, "extra": extra}
+
+
+def test_a_measured_speedup_carries_the_baseline_to_the_methods_answer_length():
+    base = _record("llama-server", 20.0, 200, decode_ms=16000.0)        # 80 ms a token
+    assert cc.measured_speedup(base, _record("redwood", 10.0, 200)) == pytest.approx(2.0)
+    # a sample 100 tokens shorter: the baseline would have taken 20 - 100 * 0.08 = 12 s for it
+    assert cc.measured_speedup(base, _record("redwood", 6.0, 100)) == pytest.approx(2.0)
+    assert cc.measured_speedup(base, _record("redwood", 12.0, 300)) == pytest.approx(28 / 12)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6])
+def test_the_policy_replay_drafts_with_the_keys_of_its_temperature(temperature):
+    from redwood.decode.ngram_drafter import NgramDrafter
+
+    costs = {1: 10.0, 2: 11.0, 4: 12.0, 8: 14.0, 16: 16.0, 32: 20.0}   # flat: copies pay
+    text = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+    drafter = NgramDrafter(target_ms=costs, max_length=32)
+    out = cc.policy_replay(drafter, [1, 2, 3] + text[:8], text[8:], costs, temperature)
+    assert {key[0] for key in drafter.model.counts} == {temperature == 0}   # greedy keys at T 0
+    assert out["steps"] > 0 and out["kept"] > 2 * out["steps"]               # the copy was drafted
+    assert out["ms"] < costs[1] * len(text[8:])

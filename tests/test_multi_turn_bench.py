@@ -78,3 +78,36 @@ def test_every_round_starts_fresh_servers_and_rotates_who_goes_first(tmp_path, m
     assert doc["rounds"] == 2
     assert sorted({row["round"] for row in doc["rows"]}) == [0, 1]
     assert doc["summary"]["chat/0"]["redwood"]["rounds_seconds"] == [1.0, 1.0]
+
+
+def test_a_longer_conversation_is_compared_at_its_own_length():
+    script = _script()
+
+    def rows(method, total, tokens):
+        # turn 0: 0.5 s to the first token, then 0.1 s a token; turn 1 likewise
+        out = [{"workload": "chat", "session": 0, "method": method, "turn": t, "round": 0,
+                "answer": f"{method}{t}", "ttft_seconds": 0.5, "completion_tokens": n,
+                "wall_seconds": 0.5 + 0.1 * (n - 1)} for t, n in enumerate(tokens)]
+        return out + [{"workload": "chat", "session": 0, "method": method, "turn": "all",
+                       "round": 0, "wall_seconds": total}]
+
+    # the baseline decodes 0.1 s a token; redwood answered 20 tokens more in 12 s against 11 s
+    data = rows("server", 11.0, (41, 51)) + rows("redwood", 12.0, (51, 61))
+    entry = script.summarise(data, ["server", "redwood"])["chat/0"]["redwood"]
+    assert entry["speed_vs_base"] == pytest.approx(11 / 12, abs=1e-3)
+    assert entry["same_length_speed_vs_base"] == pytest.approx(13 / 12, abs=1e-3)
+    assert entry["same_length_worst_round"] == entry["same_length_speed_vs_base"]
+    # identical lengths: the same figure as the plain ratio
+    same = rows("server", 11.0, (41, 51)) + rows("redwood", 10.0, (41, 51))
+    entry = script.summarise(same, ["server", "redwood"])["chat/0"]["redwood"]
+    assert entry["same_length_speed_vs_base"] == entry["speed_vs_base"] == 1.1
+
+
+def test_summarise_rewrites_an_earlier_file_without_timing_anything(tmp_path):
+    script = _script()
+    rows = _session_rows("server", 0, 10.0) + _session_rows("redwood", 0, 8.0)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"methods": ["server", "redwood"], "rows": rows, "summary": {}}))
+    assert script.main(["--summarise", str(path)]) == 0
+    summary = json.loads(path.read_text())["summary"]
+    assert summary["chat/0"]["redwood"]["speed_vs_base"] == 1.25

@@ -95,8 +95,12 @@ def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: s
     """The value cached for `key` in `directory` (a file named by the key's digest), else
     make(path), which measures and writes it; one process measures at a time (a file lock).
     load(path, key) returns None when the file is absent, damaged or made under another key.
-    `announce` is printed to stderr before measuring."""
+    `announce` is printed to stderr before measuring. make runs on a thread of its own, so the
+    OpenMP team its native work starts ends with it (measure/fresh_thread.py: a team left on the
+    caller's thread slowed every later decode on another thread by 20 %)."""
     from filelock import FileLock
+
+    from redwood.measure.fresh_thread import run_on_fresh_thread
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{prefix}{key_digest(key)}.json"
@@ -106,7 +110,7 @@ def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: s
             return value
         if announce:
             print(announce, file=sys.stderr, flush=True)
-        return make(path)
+        return run_on_fresh_thread(make, path)
 
 
 def save_profile(profile: Profile, key: dict, path: Path) -> Profile:

@@ -238,6 +238,24 @@ def test_unequal_lengths_compared_at_the_methods_length():
     assert prompt_ratio(untimed, longer, "median") == pytest.approx(25.0 / 10.0)
 
 
+def test_rounds_of_other_lengths_are_taken_at_their_best_carried_ratio():
+    from redwood.bench.server_report import prompt_ratio
+
+    # the baseline: 170 tokens in 6.12 s at 36 ms a decoded token (chat-1 at T 0.6)
+    base = {"min_wall": 6.12, "tokens": 170, "median_wall": 6.45, "median_tokens": 170,
+            "decode_s_per_token": 0.036, "rate_min": 170 / 6.12, "rate_median": 170 / 6.45}
+    rounds = [(7.88, 202), (7.67, 177), (7.71, 202)]    # the fastest round is the short, slow one
+    method = {"min_wall": 7.67, "tokens": 177, "median_wall": 7.71, "median_tokens": 202,
+              "decode_s_per_token": None, "rate_min": 177 / 7.67, "rate_median": 202 / 7.71,
+              "round_walls": rounds}
+    carried = [(6.12 + (n - 170) * 0.036) / wall for wall, n in rounds]
+    assert prompt_ratio(base, method, "min") == pytest.approx(max(carried))       # 0.94
+    assert prompt_ratio(base, dict(method, round_walls=None), "min") == pytest.approx(carried[1])
+    # one length in every round: the best round is the fastest one, as before
+    equal = dict(method, round_walls=[(8.0, 170), (7.0, 170), (9.0, 170)], min_wall=7.0, tokens=170)
+    assert prompt_ratio(base, equal, "min") == pytest.approx(6.12 / 7.0)
+
+
 def test_paused_server_answers_only_after_resume(tmp_path):
     port = free_port()
     server = ServerProcess("stub", [sys.executable, STUB, str(port), "0"], port,

@@ -9,7 +9,11 @@ they differ (T > 0; a greedy near-tie resolved another way), the baseline's time
 the method's length with its own decode cost per token (llama-server's `timings`:
 predicted_ms / predicted_n), so neither side gains from a longer answer spreading its prefill
 over more tokens; a baseline without timings falls back to the ratio of end-to-end rates
-(tokens / wall time). Over a set: the median over prompts and the worst prompt. A round whose baseline rate strays more than STRAY from the baseline's median
+(tokens / wall time). A method whose answers differ in length between rounds (T > 0) is taken
+at its best round by that carried ratio, not at its shortest wall time: a fast round with a short
+answer is not its least disturbed one (chat-1 at T 0.6 read 0.83x from a 177-token round at 43 ms
+a token while its 202-token rounds ran at 38-39). Over a set: the median over prompts and the
+worst prompt. A round whose baseline rate strays more than STRAY from the baseline's median
 over rounds (on the median prompt) is flagged: the machine was busy then.
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ def _by(records, *keys):
 def per_prompt(records) -> dict:
     """{(set, T, prompt, method): {"min_wall", "median_wall", "tokens" (of the fastest round),
     "median_tokens", "decode_s_per_token" (from server timings, or None), "rate_min",
-    "rate_median"}}."""
+    "rate_median", "round_walls": [(wall, tokens) per round]}}."""
     out = {}
     for key, group in _by(records, "prompt_set", "temperature", "prompt", "method").items():
         walls = sorted(r.wall_seconds for r in group)
@@ -41,6 +45,7 @@ def per_prompt(records) -> dict:
         out[key] = {"min_wall": walls[0], "median_wall": statistics.median(walls),
                     "tokens": best.completion_tokens, "median_tokens": tokens,
                     "rounds": len(group), "decode_s_per_token": _decode_cost(best),
+                    "round_walls": [(r.wall_seconds, r.completion_tokens) for r in group],
                     "rate_min": best.completion_tokens / best.wall_seconds,
                     "rate_median": tokens / statistics.median(walls)}
     return out
@@ -54,15 +59,26 @@ def _decode_cost(record) -> float | None:
 
 
 def prompt_ratio(base: dict, cell: dict, which: str) -> float:
-    """Baseline time over the method's on one prompt (module doc); which: "min" or "median"."""
+    """Baseline time over the method's on one prompt (module doc); which: "min" or "median".
+    "min" takes the method's best round by that ratio (the fastest round when every round's
+    answer has the same length)."""
+    if which == "min" and cell.get("round_walls"):
+        return max(_ratio(base, "min_wall", "tokens", wall, tokens)
+                   for wall, tokens in cell["round_walls"])
     wall, tokens = (("min_wall", "tokens") if which == "min" else ("median_wall", "median_tokens"))
-    if cell[tokens] == base[tokens]:
-        return base[wall] / cell[wall]
+    return _ratio(base, wall, tokens, cell[wall], cell[tokens])
+
+
+def _ratio(base: dict, base_wall: str, base_tokens: str, wall: float, tokens) -> float:
+    """The baseline's time (its `base_wall` at `base_tokens`) carried to `tokens` at its decode
+    cost per token, over the method's `wall`; without that cost, the ratio of rates."""
+    if tokens == base[base_tokens]:
+        return base[base_wall] / wall
     per_token = base["decode_s_per_token"]
     if per_token is None:
-        return cell[f"rate_{which}"] / base[f"rate_{which}"]
-    carried = base[wall] + (cell[tokens] - base[tokens]) * per_token
-    return max(carried, 1e-9) / cell[wall]
+        return (tokens / wall) / (base[base_tokens] / base[base_wall])
+    carried = base[base_wall] + (tokens - base[base_tokens]) * per_token
+    return max(carried, 1e-9) / wall
 
 
 def ratios(records, baseline: str = BASELINE) -> dict:

@@ -38,10 +38,13 @@ def test_the_cache_measures_off_the_callers_thread_once(tmp_path):
         return "measured"
 
     load = lambda path, key: path.read_text() if path.is_file() else None   # noqa: E731
-    assert mp.cached(tmp_path, {"k": 1}, load, make) == "measured"
-    assert mp.cached(tmp_path, {"k": 1}, load, make) == "1"                   # cached
+    assert mp.cached(tmp_path, {"k": 1}, load, make, fresh_thread=True) == "measured"
+    assert mp.cached(tmp_path, {"k": 1}, load, make, fresh_thread=True) == "1"   # cached
     assert len(threads) == 1 and threads[0] is not threading.current_thread()
     assert not threads[0].is_alive()
+    # torch-only measurements (the kernel choice) stay on the caller's thread
+    assert mp.cached(tmp_path, {"k": 2}, load, make) == "measured"
+    assert threads[1] is threading.current_thread()
 
 
 # Runs in fresh interpreters: pytest's main thread has decoded in other tests already, so its

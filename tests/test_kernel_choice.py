@@ -104,7 +104,7 @@ def test_use_fastest_linear_routes_a_tiny_model(tmp_path, monkeypatch, capsys):
     model = tiny_model(seed=6)
     stock_model = tiny_model(seed=6)
     rows = mp.use_fastest_linear(model)
-    assert rows <= frozenset(mp.KERNEL_ROWS)
+    assert rows <= frozenset(mp.TIMED_ROWS)          # tree sizes and prompt lengths
     assert "F.linear vs oneDNN" in capsys.readouterr().err
     routed = cpu_kernels.onednn_rows(model, upto=32)
     assert routed == (None if not rows else tuple(sorted(n for n in rows if n <= 32)))

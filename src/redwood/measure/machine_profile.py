@@ -91,13 +91,17 @@ def profile_dir(cache_dir=None) -> Path:
     return cache_root(cache_dir) / "profiles"
 
 
-def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: str = ""):
+def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: str = "",
+           fresh_thread: bool = False):
     """The value cached for `key` in `directory` (a file named by the key's digest), else
     make(path), which measures and writes it; one process measures at a time (a file lock).
     load(path, key) returns None when the file is absent, damaged or made under another key.
-    `announce` is printed to stderr before measuring. make runs on a thread of its own, so the
-    OpenMP team its native work starts ends with it (measure/fresh_thread.py: a team left on the
-    caller's thread slowed every later decode on another thread by 20 %)."""
+    `announce` is printed to stderr before measuring. fresh_thread (llama.cpp measurements): make
+    runs on a thread of its own, so the OpenMP team its native work starts ends with it
+    (measure/fresh_thread.py: a team left on the caller's thread slowed every later decode on
+    another thread by 20 %). torch-only measurements stay on the caller's thread: a process that
+    loaded a torch model there already has that thread's team, and a second one would throttle
+    the measurement itself."""
     from filelock import FileLock
 
     from redwood.measure.fresh_thread import run_on_fresh_thread
@@ -110,7 +114,7 @@ def cached(directory: Path, key: dict, load, make, announce: str = "", prefix: s
             return value
         if announce:
             print(announce, file=sys.stderr, flush=True)
-        return run_on_fresh_thread(make, path)
+        return run_on_fresh_thread(make, path) if fresh_thread else make(path)
 
 
 def save_profile(profile: Profile, key: dict, path: Path) -> Profile:
@@ -138,7 +142,8 @@ def machine_profile(target, draft, sizes=QUICK_SIZES, cache_dir=None, progress: 
     announce = (f"redwood: measuring this machine's forward times (first use on {key['cpu']}, "
                 f"{key['backend']} backend; cached in {directory})") if progress else ""
     return cached(directory, key, load_matching, lambda path: save_profile(
-        (measure or _measure)(target, draft, list(sizes), progress), key, path), announce)
+        (measure or _measure)(target, draft, list(sizes), progress), key, path), announce,
+        fresh_thread=bool(contexts))                      # contexts: a llama.cpp target
 
 
 def profile_contexts(target, sizes, contexts=CONTEXTS) -> list[int]:

@@ -60,7 +60,8 @@ def batch_profile(target, draft, sizes: list[int], progress: bool = True,
 
     announce = (f"redwood: measuring batched forward times for {len(sizes)} sizes (first use; "
                 f"cached in {directory})") if progress else ""
-    return cached(directory, key, load_matching, make, announce, prefix="batch-")
+    return cached(directory, key, load_matching, make, announce, prefix="batch-",
+                  fresh_thread=True)
 
 
 def measure_batch_profile(target, draft, sizes: list[int], progress: bool = False) -> Profile:

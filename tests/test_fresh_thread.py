@@ -51,7 +51,7 @@ def test_the_cache_measures_off_the_callers_thread_once(tmp_path):
 # OpenMP team exists whatever this test does; a new process starts with none. The same
 # measurement made directly on the main thread is the control: it keeps its team's worker.
 SCRIPT = """
-import os, sys
+import os, sys, time
 from redwood.backends.llamacpp import LlamaCppBackend
 from redwood.measure import machine_profile as mp
 target, draft, cache, how = sys.argv[1:5]
@@ -60,6 +60,9 @@ if how == "first-use":
     mp.machine_profile(*pair, sizes=[1, 2, 4], cache_dir=cache, progress=False)
 else:
     mp._measure(*pair, [1, 2, 4], False)
+# A finished thread's OS thread, and the workers its OpenMP team releases, exit a moment after
+# join() returns: count once they have had time to.
+time.sleep(2.0)
 print(len(os.listdir("/proc/self/task")))
 """
 

@@ -35,8 +35,8 @@ def _by(records, *keys):
 
 def per_prompt(records) -> dict:
     """{(set, T, prompt, method): {"min_wall", "median_wall", "tokens" (of the fastest round),
-    "median_tokens", "decode_s_per_token" (from server timings, or None), "rate_min",
-    "rate_median", "round_walls": [(wall, tokens) per round]}}."""
+    "median_tokens", "decode_s_per_token" (from server timings, or None), "rate_min"
+    (the fastest round's tokens per second), "round_walls": [(wall, tokens) per round]}}."""
     out = {}
     for key, group in _by(records, "prompt_set", "temperature", "prompt", "method").items():
         walls = sorted(r.wall_seconds for r in group)
@@ -46,8 +46,7 @@ def per_prompt(records) -> dict:
                     "tokens": best.completion_tokens, "median_tokens": tokens,
                     "rounds": len(group), "decode_s_per_token": _decode_cost(best),
                     "round_walls": [(r.wall_seconds, r.completion_tokens) for r in group],
-                    "rate_min": best.completion_tokens / best.wall_seconds,
-                    "rate_median": tokens / statistics.median(walls)}
+                    "rate_min": best.completion_tokens / best.wall_seconds}
     return out
 
 

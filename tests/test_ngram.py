@@ -444,5 +444,7 @@ def test_a_request_that_keeps_rejecting_a_key_stops_drafting_on_it(monkeypatch):
     assert model.rate((True, 0, 0, False)) > 0.88             # the pool still says draft
     assert rejected_steps(drafter, 1) == [True]               # a new request: drafted again
     monkeypatch.setattr("redwood.decode.ngram_acceptance.OWN_WEIGHT", 1e12)   # pooled rate only
+    for weight in ("DRAFT_PRIOR_TOKENS", "DRAFT_OWN_TOKENS"):      # and no draft ratio
+        monkeypatch.setattr(f"redwood.decode.ngram_acceptance.{weight}", 1e12)
     model.counts[(True, 0, 0, False)] = [90000.0, 100000.0]
     assert all(rejected_steps(NgramDrafter(target_ms=STEEP, model=model), 60))

@@ -66,6 +66,7 @@ class AcceptanceModel:
         self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
         self.prior_weight = float(prior_weight)
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+        self.drafts: dict[bool, list[float]] = {}   # greedy -> [drafted kept, predicted]
         self.calibrated = {key: accepted / trials for key, (accepted, trials)
                            in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
 
@@ -86,6 +87,31 @@ class AcceptanceModel:
     def observe(self, key: tuple, accepted: bool) -> None:
         _count(self.counts, key, accepted)
 
+    def draft_ratio(self, greedy: bool) -> float:
+        """Drafted tokens kept per drafted token predicted, over every drafting step so far
+        (DRAFT_PRIOR_TOKENS of prior at 1: the node estimates taken at their word)."""
+        return _ratio(self.drafts.get(bool(greedy)), 1.0, DRAFT_PRIOR_TOKENS)
+
+    def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
+        _add_draft(self.drafts, greedy, predicted, kept)
+
+
+# Whole drafts are calibrated too. The node estimates are conditional rates multiplied along a
+# path, so a long match's chain of c = 0.95-1.0 predicts 20+ tokens where one wrong node (a list
+# item that starts like the one before it; an edit rule that held in a file but not in prose)
+# keeps 2, and on a steep CPU such a step costs t(32) = 16 t(1). So the drafter scales every
+# step's predicted drafted tokens by the draft ratio, kept / predicted over the trees its
+# unscaled estimates chose (every step's, drafted or not: decode/ngram_shadow.py): the
+# request's own, with the pooled ratio (all requests of that temperature kind) as its prior
+# worth DRAFT_OWN_TOKENS predicted tokens, the pooled one starting at 1 worth
+# DRAFT_PRIOR_TOKENS. Replayed on recorded answers (benchmarks/copy_ceiling.py, a 2-core EPYC's
+# costs) 64 / 16 raised the worst prompt of agent steps 0.90 -> 0.99x, of HumanEval at T 0.6
+# (redwood's own answers) 0.94 -> 0.99x and of chat 0.90 -> 0.93x, with whole-file edits
+# level (median 1.35x) (docs/design.md §3.3).
+DRAFT_PRIOR_TOKENS = 64.0
+DRAFT_OWN_TOKENS = 16.0
+DRAFT_RATIO_RANGE = (0.05, 1.5)
+
 
 # A key's rate for one request: its own observations of the key (every child its text walked
 # past, decode/ngram_drafter.py) with the pooled rate counted as this many observations. The
@@ -105,6 +131,7 @@ class RequestEstimates:
     def __init__(self, model: AcceptanceModel):
         self.model = model
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+        self.drafts: dict[bool, list[float]] = {}   # greedy -> [drafted kept, predicted]
 
     def rate(self, key: tuple) -> float:
         return _mean(self.counts, key, self.model.rate(key), OWN_WEIGHT)
@@ -112,6 +139,17 @@ class RequestEstimates:
     def observe(self, key: tuple, accepted: bool) -> None:
         self.model.observe(key, accepted)
         _count(self.counts, key, accepted)
+
+    def draft_ratio(self, greedy: bool) -> float:
+        """This request's kept / predicted drafted tokens, the pooled ratio as its prior."""
+        return _ratio(self.drafts.get(bool(greedy)), self.model.draft_ratio(greedy),
+                      DRAFT_OWN_TOKENS)
+
+    def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
+        """A drafting step predicted `predicted` drafted tokens kept (its E(n) - 1, before
+        scaling) and the target kept `kept` of them."""
+        self.model.observe_draft(greedy, predicted, kept)
+        _add_draft(self.drafts, greedy, predicted, kept)
 
 
 def _mean(counts: dict, key: tuple, prior: float, weight: float) -> float:
@@ -124,3 +162,16 @@ def _count(counts: dict, key: tuple, accepted: bool) -> None:
     entry = counts.setdefault(key, [0.0, 0.0])
     entry[0] += float(accepted)
     entry[1] += 1.0
+
+
+def _ratio(drafts: list[float] | None, prior: float, weight: float) -> float:
+    """(kept + prior * weight) / (predicted + weight), within DRAFT_RATIO_RANGE."""
+    kept, predicted = drafts or (0.0, 0.0)
+    low, high = DRAFT_RATIO_RANGE
+    return min(high, max(low, (kept + prior * weight) / (predicted + weight)))
+
+
+def _add_draft(drafts: dict, greedy: bool, predicted: float, kept: int) -> None:
+    entry = drafts.setdefault(bool(greedy), [0.0, 0.0])
+    entry[0] += float(kept)
+    entry[1] += float(predicted)

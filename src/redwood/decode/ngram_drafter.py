@@ -60,6 +60,7 @@ from redwood.decode.ngram_acceptance import (MATCH_LABELS, AcceptanceModel, Requ
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
+from redwood.decode.ngram_shadow import ShadowDrafts
 from redwood.decode.ngram_trees import best_first, bfs_subtree, tree_limits
 from redwood.errors import RedwoodError
 from redwood.plan.formats import check_times_by_context, interpolate_by_context
@@ -149,6 +150,7 @@ class NgramDrafter:
         # this request's proposed drafts by match length: label -> [accepted, proposed]
         self.match_counts: dict[str, list[int]] = {}
         self.estimates = RequestEstimates(self.model)     # the model as this request learns it
+        self.shadows = ShadowDrafts(self.estimates.observe_draft)
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -177,6 +179,11 @@ class NgramDrafter:
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         rates = [1.0] + [self.estimates.rate(self.model.key(greedy, node)) for node in trie[1:]]
         taken, values = best_first(trie, rates, limits, min_confidence)
+        if self.learn:                  # whole drafts calibrated (decode/ngram_shadow.py)
+            n, _ = self.best_size(values, limits[0], margin=0.0)     # the unscaled choice
+            self.shadows.add(trie, greedy, taken[:n - 1], sum(values[:n - 1]))
+            scale = self.estimates.draft_ratio(greedy)
+            values = [v * scale for v in values]
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
         if self.learn and len(trie) > 1:
@@ -277,6 +284,7 @@ class NgramDrafter:
             return
         tokens = self._accepted + [root]
         self._walks = [walk for walk in self._walks if self._walk_on(walk, tokens)]
+        self.shadows.follow(tokens)
 
     def _walk_on(self, walk: list, tokens: list[int]) -> bool:
         """Advance one walk [trie, greedy, node] along `tokens`, observing every child tried;
@@ -296,7 +304,8 @@ class NgramDrafter:
         walk[2] = at
         return bool(trie[at].children)
 
-    def best_size(self, values: list[float], max_nodes: int) -> tuple[int, float]:
+    def best_size(self, values: list[float], max_nodes: int,
+                  margin: float | None = None) -> tuple[int, float]:
         """(n, E(n) / t(n)) at the argmax over measured n <= max_nodes; ties to the smaller n;
         a tree predicted less than `margin` (DRAFT_MARGIN) faster than a plain step gives n = 1.
         t(n) is the profile's at this context (step_target_ms); with live costs from the
@@ -315,7 +324,8 @@ class NgramDrafter:
                 rate = expected / sizes[n]
                 if best is None or rate > best:
                     best_n, best = n, rate
-        if self.sizes_itself and best_n > 1 and 1 in sizes and best < (1 + self.margin) / sizes[1]:
+        margin = self.margin if margin is None else margin
+        if self.sizes_itself and best_n > 1 and 1 in sizes and best < (1 + margin) / sizes[1]:
             return 1, 1.0 / sizes[1]          # not clearly faster than plain (DRAFT_MARGIN)
         return best_n, best
 

@@ -177,8 +177,9 @@ class NgramDrafter:
         self.index.append(root)
         self.copy.step(self.index)
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
-        rates = [1.0] + [self.estimates.rate(self.model.key(greedy, node)) for node in trie[1:]]
-        taken, values = best_first(trie, rates, limits, min_confidence)
+        taken, values = best_first(
+            trie, lambda u: self.estimates.rate(self.model.key(greedy, trie[u])), limits,
+            min_confidence)
         if self.learn:                  # whole drafts calibrated (decode/ngram_shadow.py)
             n, _ = self.best_size(values, limits[0], margin=0.0)     # the unscaled choice
             self.shadows.add(trie, greedy, taken[:n - 1], sum(values[:n - 1]))

@@ -193,12 +193,13 @@ def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
     that reaches each. Nodes are numbered in insertion order (parents before children), not
     BFS order; a drafter renumbers the subtree it keeps."""
     nodes = [TrieNode(int(root), -1, 0, 0, 0)]
+    child: dict[tuple[int, int], int] = {}               # (node, token) -> its child
     for continuation in continuations:
         at = 0
         for token in continuation.tokens:
-            nxt = next((c for c in nodes[at].children if nodes[c].token == token), None)
+            nxt = child.get((at, token))
             if nxt is None:
-                nxt = len(nodes)
+                nxt = child[(at, token)] = len(nodes)
                 parent = nodes[at]
                 nodes.append(TrieNode(token, at, parent.depth + 1, len(parent.children) + 1,
                                       continuation.match, near=continuation.near,

@@ -4,6 +4,7 @@ limits, the kept part in BFS order, and the budget tree the drafter works within
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from redwood.decode.ngram_index import TrieNode
 from redwood.plan.tree import Tree, bfs_renumber
@@ -15,21 +16,28 @@ def tree_limits(tree: Tree) -> tuple[int, int, int]:
     return len(tree), leaves, tree.num_levels - 1
 
 
-def best_first(trie: list[TrieNode], rates: list[float], limits: tuple[int, int, int],
+def best_first(trie: list[TrieNode], rate: Callable[[int], float],
+               limits: tuple[int, int, int],
                min_confidence: float = 0.0) -> tuple[list[int], list[float]]:
     """Take trie nodes in decreasing path value, each after its parent and its earlier siblings,
     within (max nodes, max leaves, max depth). Returns (taken node ids, their values).
 
-    A candidate is the first child of a taken node or the next sibling of a taken node; a
-    non-first sibling adds a leaf. `miss` = the value of reaching the parent and rejecting
-    every earlier sibling, so value = miss · c.
+    rate(node) = the node's c, asked once per node that becomes a candidate: a trie holds up
+    to max_continuations x COPY_DEPTH nodes, most of them never candidates, and estimating
+    every node was a third of the drafter's time per step. A candidate is the first child of a
+    taken node or the next sibling of a taken node; a non-first sibling adds a leaf. `miss` =
+    the value of reaching the parent and rejecting every earlier sibling, so value = miss · c.
     """
     max_nodes, max_leaves, max_depth = limits
     heap: list[tuple[float, int, float]] = []                   # (-value, node, miss)
+    rates: dict[int, float] = {}
 
     def push(node: int, miss: float) -> None:
-        if rates[node] >= min_confidence and trie[node].depth <= max_depth:
-            heapq.heappush(heap, (-miss * rates[node], node, miss))
+        if trie[node].depth > max_depth:
+            return
+        c = rates[node] = rate(node)
+        if c >= min_confidence:
+            heapq.heappush(heap, (-miss * c, node, miss))
 
     if trie[0].children:
         push(trie[0].children[0], 1.0)

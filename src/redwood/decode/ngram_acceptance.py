@@ -88,8 +88,8 @@ class AcceptanceModel:
         _count(self.counts, key, accepted)
 
     def draft_ratio(self, greedy: bool) -> float:
-        """Drafted tokens kept per drafted token predicted, over every drafting step so far
-        (DRAFT_PRIOR_TOKENS of prior at 1: the node estimates taken at their word)."""
+        """Drafted tokens kept per drafted token predicted, over every shadow tree resolved so
+        far (DRAFT_PRIOR_TOKENS of prior at 1: the node estimates taken at their word)."""
         return _ratio(self.drafts.get(bool(greedy)), 1.0, DRAFT_PRIOR_TOKENS)
 
     def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
@@ -146,8 +146,8 @@ class RequestEstimates:
                       DRAFT_OWN_TOKENS)
 
     def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
-        """A drafting step predicted `predicted` drafted tokens kept (its E(n) - 1, before
-        scaling) and the target kept `kept` of them."""
+        """A step's shadow tree (decode/ngram_shadow.py) predicted `predicted` drafted tokens
+        kept (its unscaled E(n) - 1) and the text followed `kept` of its nodes."""
         self.model.observe_draft(greedy, predicted, kept)
         _add_draft(self.drafts, greedy, predicted, kept)
 

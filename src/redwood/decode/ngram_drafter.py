@@ -38,6 +38,10 @@ last trie would never observe a node at depth 5 or more, and a pessimistic estim
 would stay as it was while the text copies on for hundreds of tokens (the drafter stuck at
 short chains on a verbatim copy: an exploration trap).
 
+Whole drafts are calibrated as well: each step's path values are scaled by the draft ratio,
+kept / predicted over the trees the unscaled estimates chose on earlier steps, drafted or not
+(decode/ngram_shadow.py, decode/ngram_acceptance.py), before the size is chosen.
+
 Edits: a `CopyTracker` (decode/ngram_edits.py) follows where the text copies from; lookups
 rank occurrences there first and offer each continuation also with the text's edits so far
 applied (docs/design.md §3.3). It reads the emitted text only.

@@ -142,6 +142,7 @@ def test_the_batched_server_reports_predicted_against_kept(contexts, engine, pat
         samples = scrape(url)
     report = response.json()["redwood"]["predicted_vs_observed"]
     assert report["steps"] > 0 and report["observed_tokens_per_step"] > 1.0
+    assert 0.05 <= response.json()["redwood"]["draft_ratio"] <= 1.5
     assert metric(samples, "redwood_drafter_predicted_steps_total") == report["steps"]
     observed = metric(samples, "redwood_drafter_observed_tokens_total")
     assert observed == pytest.approx(report["steps"] * report["observed_tokens_per_step"])

@@ -55,6 +55,7 @@ def test_generate_on_gguf_files_drafts_by_prompt_lookup_by_default(tiny_gguf_pai
     assert default["tokens"] == model["tokens"] and sum(default["accepted"]) == 16
     assert default["draft_forwards"] == 0 and set(default["accepted_by_source"]) <= {"ngram"}
     assert default["acceptance_by_match"] and not model.get("acceptance_by_match")
+    assert 0.05 <= default["draft_ratio"] <= 1.5 and model["draft_ratio"] is None
     assert any((tmp_path / "cache").rglob("*.json")), "no machine profile was cached"
 
 

@@ -123,3 +123,15 @@ def test_over_predicted_chains_shrink_the_drafts_that_follow():
         prior_rank1=(0.9,) * 10), learn=False), prompt, text)
     assert sum(n > 1 for n in uncalibrated[-20:]) >= 10
     assert sum(n > 2 for n in calibrated[-20:]) == 0
+
+
+def test_the_drafter_reports_the_ratio_it_would_apply():
+    """None before its first lookup; then its request's ratio on the pool's, which a pool that
+    learnt drafts keep a fifth of what they predict pulls below 1."""
+    model = AcceptanceModel(prior_rank1=(0.9,) * 10)
+    model.observe_draft(True, 1000.0, 200)
+    drafter = NgramDrafter(target_ms=STEEP, model=model)
+    assert drafter.draft_ratio() is None
+    copy_steps(drafter, [5, 6, 7, 8, 5, 6], [7, 8, 9])
+    assert drafter.draft_ratio() == pytest.approx(drafter.estimates.draft_ratio(True))
+    assert drafter.draft_ratio() < 0.5

@@ -24,7 +24,7 @@ from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.request import (as_backend, as_tree, check_request, check_same_vocab,
-                                    finish_drafters, match_counts, method_tree,
+                                    draft_ratio, finish_drafters, match_counts, method_tree,
                                     set_for_request)
 from redwood.decode.stats import GenerationResult, StepStats
 from redwood.decode.stream import DecodeOptions, DecodeState, Stream
@@ -182,6 +182,7 @@ class Engine:
             root = tokens[-1]
             yield new_tokens
         finish_drafters(drafter)
+        stats.draft_ratio = draft_ratio(drafter)
         return GenerationResult(tokens, accepted, stats, prefill_seconds, options.method, finish)
 
     def _prefill(self, prompt, drafter, options: DecodeOptions, stats: StepStats):

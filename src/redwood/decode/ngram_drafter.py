@@ -223,6 +223,15 @@ class NgramDrafter:
         if self._proposed:
             self._count_by_match(accepted)
 
+    def draft_ratio(self) -> float | None:
+        """The scale this request's last lookup would apply now (decode/ngram_shadow.py):
+        kept / predicted drafted tokens, its own shadows on the pool's; None before any
+        lookup."""
+        if self._last is None and not self._walks:
+            return None
+        greedy = self._last[1] if self._last is not None else self._walks[-1][1]
+        return self.estimates.draft_ratio(greedy)
+
     def withdraw(self) -> None:
         """The last proposal is not run (the caller found no room for it): it counts in no
         match-length figure; commit_tokens([]) then closes the step as a plain one."""

@@ -106,6 +106,15 @@ def as_tree(tree) -> Tree:
     return Tree.load(tree)
 
 
+def draft_ratio(drafter) -> float | None:
+    """The n-gram drafter's (or a hybrid's n-gram part's) draft ratio, None without one."""
+    for part in drafter_parts(drafter):
+        ratio = getattr(part, "draft_ratio", None)
+        if callable(ratio):
+            return ratio()
+    return None
+
+
 def match_counts(drafter) -> dict:
     """The n-gram drafter's (or a hybrid's n-gram part's) live counts of this request's
     proposals by match length, {} for drafters without them."""

@@ -36,6 +36,10 @@ class StepStats:
     # the n-gram drafter's proposals by match length ("1", "2", "3", "4-7", ... "32+"):
     # label -> [accepted, proposed] draft tokens (decode/ngram_drafter.py)
     acceptance_by_match: dict = field(default_factory=dict)
+    # the n-gram drafter's draft ratio when the request ended (kept / predicted drafted tokens
+    # over its shadow trees, decode/ngram_shadow.py: the scale on its predictions); None
+    # without an n-gram drafter
+    draft_ratio: float | None = None
 
     @property
     def decode_seconds(self) -> float:
@@ -112,4 +116,5 @@ class GenerationResult:
             "governor": dict(self.stats.governor),
             "predicted_vs_observed": self.stats.predicted_vs_observed(),
             "acceptance_by_match": self.stats.match_counts(),
+            "draft_ratio": self.stats.draft_ratio,
         }

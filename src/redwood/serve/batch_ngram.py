@@ -179,3 +179,4 @@ def finish(live, reason: str) -> None:
             live.ngram.use_memory = False
         live.ngram.finish()
         live.request.match_counts = {k: list(v) for k, v in live.ngram.match_counts.items()}
+        live.request.prediction.draft_ratio = live.ngram.draft_ratio()

@@ -129,6 +129,7 @@ class _Client:
         if request.match_counts is not None:
             speculative["acceptance_by_match"] = request.match_counts
             speculative["predicted_vs_observed"] = request.prediction.predicted_vs_observed()
+            speculative["draft_ratio"] = request.prediction.draft_ratio
             self.metrics.observe_prediction(request.prediction)
         self.metrics.cached_prompt_tokens.inc(request.cached_tokens)
         return Outcome(finish_reason="length" if length_hit else "stop",

@@ -188,7 +188,8 @@ class GenerationWorker:
                                governor={k: round(v, 6) if isinstance(v, float) else v
                                          for k, v in result.stats.governor.items()},
                                predicted_vs_observed=result.stats.predicted_vs_observed(),
-                               acceptance_by_match=result.stats.match_counts())
+                               acceptance_by_match=result.stats.match_counts(),
+                               draft_ratio=result.stats.draft_ratio)
             self.metrics.observe_prediction(result.stats)
             self.metrics.cached_prompt_tokens.inc(result.stats.cached_prompt_tokens)
             if req.cache_prompt:

@@ -135,3 +135,6 @@ def test_the_drafter_reports_the_ratio_it_would_apply():
     copy_steps(drafter, [5, 6, 7, 8, 5, 6], [7, 8, 9])
     assert drafter.draft_ratio() == pytest.approx(drafter.estimates.draft_ratio(True))
     assert drafter.draft_ratio() < 0.5
+    fixed = NgramDrafter(target_ms=STEEP, model=model, learn=False)
+    copy_steps(fixed, [5, 6, 7, 8, 5, 6], [7, 8, 9])
+    assert fixed.draft_ratio() is None             # no learning: no scale applied

@@ -155,6 +155,7 @@ class NgramDrafter:
         self.match_counts: dict[str, list[int]] = {}
         self.estimates = RequestEstimates(self.model)     # the model as this request learns it
         self.shadows = ShadowDrafts(self.estimates.observe_draft)
+        self._greedy: bool | None = None         # the last lookup's kind, when it scaled
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -189,6 +190,7 @@ class NgramDrafter:
             self.shadows.add(trie, greedy, taken[:n - 1], sum(values[:n - 1]))
             scale = self.estimates.draft_ratio(greedy)
             values = [v * scale for v in values]
+            self._greedy = greedy
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
         if self.learn and len(trie) > 1:
@@ -226,11 +228,8 @@ class NgramDrafter:
     def draft_ratio(self) -> float | None:
         """The scale this request's last lookup would apply now (decode/ngram_shadow.py):
         kept / predicted drafted tokens, its own shadows on the pool's; None before any
-        lookup."""
-        if self._last is None and not self._walks:
-            return None
-        greedy = self._last[1] if self._last is not None else self._walks[-1][1]
-        return self.estimates.draft_ratio(greedy)
+        lookup, and without learning (no scale is applied then)."""
+        return None if self._greedy is None else self.estimates.draft_ratio(self._greedy)
 
     def withdraw(self) -> None:
         """The last proposal is not run (the caller found no room for it): it counts in no

@@ -106,20 +106,21 @@ def as_tree(tree) -> Tree:
     return Tree.load(tree)
 
 
+def ngram_part(drafter):
+    """The n-gram drafter itself or a hybrid's n-gram part (the part keeping `match_counts`),
+    None for drafters without one."""
+    return next((part for part in drafter_parts(drafter)
+                 if isinstance(getattr(part, "match_counts", None), dict)), None)
+
+
 def draft_ratio(drafter) -> float | None:
-    """The n-gram drafter's (or a hybrid's n-gram part's) draft ratio, None without one."""
-    for part in drafter_parts(drafter):
-        ratio = getattr(part, "draft_ratio", None)
-        if callable(ratio):
-            return ratio()
-    return None
+    """The n-gram drafter's draft ratio, None without an n-gram drafter."""
+    part = ngram_part(drafter)
+    return part.draft_ratio() if part is not None else None
 
 
 def match_counts(drafter) -> dict:
-    """The n-gram drafter's (or a hybrid's n-gram part's) live counts of this request's
-    proposals by match length, {} for drafters without them."""
-    for part in drafter_parts(drafter):
-        counts = getattr(part, "match_counts", None)
-        if isinstance(counts, dict):
-            return counts
-    return {}
+    """The n-gram drafter's live counts of this request's proposals by match length, {} for
+    drafters without them."""
+    part = ngram_part(drafter)
+    return part.match_counts if part is not None else {}

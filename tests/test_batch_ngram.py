@@ -45,7 +45,7 @@ class TakenAtItsWord(AcceptanceModel):
     its node estimates say, and the calibrated ratio (rightly) stops drafting after a few
     requests; an exactness test needs the first steps to keep verifying proposals."""
 
-    def draft_ratio(self, greedy: bool) -> float:
+    def draft_ratio(self, greedy: bool, predicted: float = 0.0) -> float:
         return 1.0
 
 

@@ -8,7 +8,8 @@ import torch
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
 from redwood.decode.ngram_acceptance import (DRAFT_OWN_TOKENS, DRAFT_PRIOR_TOKENS,
-                                              AcceptanceModel, RequestEstimates)
+                                              LONG_DRAFT_TOKENS, AcceptanceModel,
+                                              RequestEstimates)
 from redwood.decode.ngram_drafter import NgramDrafter
 from redwood.decode.ngram_index import Continuation, build_trie
 from redwood.decode.ngram_shadow import ShadowDrafts
@@ -16,6 +17,13 @@ from redwood.plan.tree import chain
 
 GREEDY = ChildChooser(greedy=True)
 STEEP = {1: 10.0, 2: 15.0, 3: 19.0, 4: 22.0, 6: 28.0, 8: 33.0, 12: 45.0}
+
+
+def pooled_kept(model: AcceptanceModel, share: float, predicted: float = 1000.0) -> None:
+    """The pool has seen drafts of every class keep `share` of what they predicted."""
+    for tree in (LONG_DRAFT_TOKENS / 2, LONG_DRAFT_TOKENS):
+        for _ in range(int(predicted / tree)):
+            model.observe_draft(True, tree, round(share * tree))
 
 
 def recorder():
@@ -59,19 +67,33 @@ def test_a_shadow_counts_only_its_own_nodes_and_a_plain_step_is_no_observation()
 
 def test_the_draft_ratio_is_kept_over_predicted_with_pooled_and_own_priors():
     model = AcceptanceModel()
-    assert model.draft_ratio(True) == 1.0
+    assert model.draft_ratio(True, 100.0) == 1.0
     model.observe_draft(True, 100.0, 20)
     pooled = (20 + DRAFT_PRIOR_TOKENS) / (100 + DRAFT_PRIOR_TOKENS)
-    assert model.draft_ratio(True) == pytest.approx(pooled)
-    assert model.draft_ratio(False) == 1.0     # greedy and sampling are told apart
+    assert model.draft_ratio(True, 100.0) == pytest.approx(pooled)
+    assert model.draft_ratio(False, 100.0) == 1.0     # greedy and sampling are told apart
+    assert model.draft_ratio(True, 2.0) == 1.0        # and long drafts from short ones
     request = RequestEstimates(model)
-    assert request.draft_ratio(True) == pytest.approx(pooled)
+    assert request.draft_ratio(True, 50.0) == pytest.approx(pooled)
     request.observe_draft(True, 10.0, 10)      # this request keeps what it predicts
     pooled = (30 + DRAFT_PRIOR_TOKENS) / (110 + DRAFT_PRIOR_TOKENS)
-    assert request.draft_ratio(True) == pytest.approx(
+    assert request.draft_ratio(True, 50.0) == pytest.approx(
         (10 + pooled * DRAFT_OWN_TOKENS) / (10 + DRAFT_OWN_TOKENS))
     model.observe_draft(True, 1e9, 0)
-    assert model.draft_ratio(True) == 0.05     # clamped (DRAFT_RATIO_RANGE)
+    assert model.draft_ratio(True, 1e9) == 0.05     # clamped (DRAFT_RATIO_RANGE)
+
+
+def test_long_drafts_that_fail_do_not_hide_behind_short_ones_that_hold():
+    """Chat at T 0.6, replayed: trees predicting 2-4 drafted tokens keep about that, the rare
+    20+ chains of a list item repeating the one before keep 2-3. One ratio over both stays near
+    1 and keeps drafting the long chains; the classes learn apart."""
+    request = RequestEstimates(AcceptanceModel())
+    for _ in range(30):
+        request.observe_draft(True, 3.0, 3)
+    for _ in range(3):
+        request.observe_draft(True, 24.0, 3)
+    assert request.draft_ratio(True, 3.0) > 0.95
+    assert request.draft_ratio(True, 24.0) < 0.5     # one ratio over both would say 0.61
 
 
 def copy_steps(drafter: NgramDrafter, prompt: list[int], text: list[int]) -> list[int]:
@@ -100,14 +122,16 @@ def test_a_pessimistic_ratio_recovers_from_what_undrafted_steps_would_have_kept(
     verbatim copy stay plain; the shadows of those plain steps show every node kept, the
     request's ratio rises, and it drafts long chains again (no exploration trap)."""
     model = AcceptanceModel(prior_rank1=(0.9,) * 10)
-    model.observe_draft(True, 2000.0, 0)
-    before = model.draft_ratio(True)
+    pooled_kept(model, 0.0, predicted=2000.0)
+    classes = (0.0, LONG_DRAFT_TOKENS)
+    before = [model.draft_ratio(True, predicted) for predicted in classes]
     copy = list(range(100, 160))
     sizes = copy_steps(NgramDrafter(target_ms=STEEP, model=model), copy + [7, 100],
                        copy[1:])
     assert sizes[:3] == [1, 1, 1]              # talked out of drafting at first
     assert max(sizes[-5:]) == 8                # and drafting the largest measured size again
-    assert model.draft_ratio(True) > before    # the pool learnt it too
+    after = [model.draft_ratio(True, predicted) for predicted in classes]
+    assert any(a > b for a, b in zip(after, before))       # the pool learnt it too
 
 
 def test_over_predicted_chains_shrink_the_drafts_that_follow():
@@ -129,11 +153,12 @@ def test_the_drafter_reports_the_ratio_it_would_apply():
     """None before its first lookup; then its request's ratio on the pool's, which a pool that
     learnt drafts keep a fifth of what they predict pulls below 1."""
     model = AcceptanceModel(prior_rank1=(0.9,) * 10)
-    model.observe_draft(True, 1000.0, 200)
+    pooled_kept(model, 0.2)
     drafter = NgramDrafter(target_ms=STEEP, model=model)
     assert drafter.draft_ratio() is None
     copy_steps(drafter, [5, 6, 7, 8, 5, 6], [7, 8, 9])
-    assert drafter.draft_ratio() == pytest.approx(drafter.estimates.draft_ratio(True))
+    assert drafter.draft_ratio() == pytest.approx(
+        drafter.estimates.draft_ratio(True, drafter._scaled[1]))
     assert drafter.draft_ratio() < 0.5
     fixed = NgramDrafter(target_ms=STEEP, model=model, learn=False)
     copy_steps(fixed, [5, 6, 7, 8, 5, 6], [7, 8, 9])

@@ -66,7 +66,7 @@ class AcceptanceModel:
         self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
         self.prior_weight = float(prior_weight)
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
-        self.drafts: dict[bool, list[float]] = {}   # greedy -> [drafted kept, predicted]
+        self.drafts: dict[tuple, list[float]] = {}  # draft_key -> [drafted kept, predicted]
         self.calibrated = {key: accepted / trials for key, (accepted, trials)
                            in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
 
@@ -87,13 +87,14 @@ class AcceptanceModel:
     def observe(self, key: tuple, accepted: bool) -> None:
         _count(self.counts, key, accepted)
 
-    def draft_ratio(self, greedy: bool) -> float:
-        """Drafted tokens kept per drafted token predicted, over every shadow tree resolved so
-        far (DRAFT_PRIOR_TOKENS of prior at 1: the node estimates taken at their word)."""
-        return _ratio(self.drafts.get(bool(greedy)), 1.0, DRAFT_PRIOR_TOKENS)
+    def draft_ratio(self, greedy: bool, predicted: float = 0.0) -> float:
+        """Drafted tokens kept per drafted token predicted, over every shadow tree of the
+        class of `predicted` (draft_key) resolved so far (DRAFT_PRIOR_TOKENS of prior at 1:
+        the node estimates taken at their word)."""
+        return _ratio(self.drafts.get(draft_key(greedy, predicted)), 1.0, DRAFT_PRIOR_TOKENS)
 
     def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
-        _add_draft(self.drafts, greedy, predicted, kept)
+        _add_draft(self.drafts, draft_key(greedy, predicted), predicted, kept)
 
 
 # Whole drafts are calibrated too. The node estimates are conditional rates multiplied along a
@@ -111,6 +112,21 @@ class AcceptanceModel:
 DRAFT_PRIOR_TOKENS = 64.0
 DRAFT_OWN_TOKENS = 16.0
 DRAFT_RATIO_RANGE = (0.05, 1.5)
+# Long drafts are calibrated apart from short ones. The steps that draft are those whose
+# estimates are highest, and the estimates that over-predict most are the long chains: replayed
+# on redwood's own chat answers at T 0.6, trees predicting under 8 drafted tokens kept 0.92-1.18
+# of it, the three predicting 20+ kept 0.15 (a list item repeating the one before it for 32+
+# tokens, then diverging), while the ratio over all shadows, most of them short and right, stayed
+# near 1. So a shadow predicting LONG_DRAFT_TOKENS or more counts toward the long class's ratio,
+# and a step whose unscaled best tree is long is scaled by it.
+LONG_DRAFT_TOKENS = 8.0
+
+
+
+
+def draft_key(greedy: bool, predicted: float) -> tuple[bool, bool]:
+    """(greedy, long): the draft-ratio class of a tree predicting `predicted` drafted tokens."""
+    return bool(greedy), predicted >= LONG_DRAFT_TOKENS
 
 
 # A key's rate for one request: its own observations of the key (every child its text walked
@@ -131,7 +147,7 @@ class RequestEstimates:
     def __init__(self, model: AcceptanceModel):
         self.model = model
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
-        self.drafts: dict[bool, list[float]] = {}   # greedy -> [drafted kept, predicted]
+        self.drafts: dict[tuple, list[float]] = {}  # draft_key -> [drafted kept, predicted]
 
     def rate(self, key: tuple) -> float:
         return _mean(self.counts, key, self.model.rate(key), OWN_WEIGHT)
@@ -140,16 +156,17 @@ class RequestEstimates:
         self.model.observe(key, accepted)
         _count(self.counts, key, accepted)
 
-    def draft_ratio(self, greedy: bool) -> float:
-        """This request's kept / predicted drafted tokens, the pooled ratio as its prior."""
-        return _ratio(self.drafts.get(bool(greedy)), self.model.draft_ratio(greedy),
-                      DRAFT_OWN_TOKENS)
+    def draft_ratio(self, greedy: bool, predicted: float = 0.0) -> float:
+        """This request's kept / predicted drafted tokens in the class of `predicted`
+        (draft_key), the pooled ratio as its prior."""
+        return _ratio(self.drafts.get(draft_key(greedy, predicted)),
+                      self.model.draft_ratio(greedy, predicted), DRAFT_OWN_TOKENS)
 
     def observe_draft(self, greedy: bool, predicted: float, kept: int) -> None:
         """A step's shadow tree (decode/ngram_shadow.py) predicted `predicted` drafted tokens
         kept (its unscaled E(n) - 1) and the text followed `kept` of its nodes."""
         self.model.observe_draft(greedy, predicted, kept)
-        _add_draft(self.drafts, greedy, predicted, kept)
+        _add_draft(self.drafts, draft_key(greedy, predicted), predicted, kept)
 
 
 def _mean(counts: dict, key: tuple, prior: float, weight: float) -> float:
@@ -171,7 +188,7 @@ def _ratio(drafts: list[float] | None, prior: float, weight: float) -> float:
     return min(high, max(low, (kept + prior * weight) / (predicted + weight)))
 
 
-def _add_draft(drafts: dict, greedy: bool, predicted: float, kept: int) -> None:
-    entry = drafts.setdefault(bool(greedy), [0.0, 0.0])
+def _add_draft(drafts: dict, key: tuple, predicted: float, kept: int) -> None:
+    entry = drafts.setdefault(key, [0.0, 0.0])
     entry[0] += float(kept)
     entry[1] += float(predicted)

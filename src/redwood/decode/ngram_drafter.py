@@ -155,7 +155,7 @@ class NgramDrafter:
         self.match_counts: dict[str, list[int]] = {}
         self.estimates = RequestEstimates(self.model)     # the model as this request learns it
         self.shadows = ShadowDrafts(self.estimates.observe_draft)
-        self._greedy: bool | None = None         # the last lookup's kind, when it scaled
+        self._scaled: tuple | None = None     # the last scaling lookup's (greedy, predicted)
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -187,10 +187,11 @@ class NgramDrafter:
             min_confidence)
         if self.learn:                  # whole drafts calibrated (decode/ngram_shadow.py)
             n, _ = self.best_size(values, limits[0], margin=0.0)     # the unscaled choice
-            self.shadows.add(trie, greedy, taken[:n - 1], sum(values[:n - 1]))
-            scale = self.estimates.draft_ratio(greedy)
+            predicted = sum(values[:n - 1])
+            self.shadows.add(trie, greedy, taken[:n - 1], predicted)
+            scale = self.estimates.draft_ratio(greedy, predicted)
             values = [v * scale for v in values]
-            self._greedy = greedy
+            self._scaled = (greedy, predicted)
         self._last, self._accepted, self._open = (trie, greedy), [], True
         self._proposed = []
         if self.learn and len(trie) > 1:
@@ -229,7 +230,7 @@ class NgramDrafter:
         """The scale this request's last lookup would apply now (decode/ngram_shadow.py):
         kept / predicted drafted tokens, its own shadows on the pool's; None before any
         lookup, and without learning (no scale is applied then)."""
-        return None if self._greedy is None else self.estimates.draft_ratio(self._greedy)
+        return None if self._scaled is None else self.estimates.draft_ratio(*self._scaled)
 
     def withdraw(self) -> None:
         """The last proposal is not run (the caller found no room for it): it counts in no

@@ -34,6 +34,18 @@ def test_ratio_learnt_per_measured_size_and_clipped():
     assert costs.ratio(1) <= 4.0 ** (1 / 1.5) + 1e-9           # clipped at high, shrunk by the prior
 
 
+def test_the_cost_table_is_target_ms_at_every_size_and_follows_records_and_rebases():
+    costs = LiveCosts(PROFILE_MS)
+    assert costs.table() == PROFILE_MS
+    costs.record_target(4, 0.120)                              # 1.5x at size 4
+    costs.record_target(1, 0.024)                              # 0.8x plain
+    assert costs.table() == pytest.approx({n: costs.target_ms(n) for n in PROFILE_MS})
+    assert costs.table()[4] > 80.0 and costs.table()[1] < 30.0
+    costs.rebase({n: 2 * ms for n, ms in PROFILE_MS.items()})  # a longer context
+    assert costs.table() == pytest.approx({n: costs.target_ms(n) for n in PROFILE_MS})
+    assert costs.table()[8] > 320.0 * 0.99
+
+
 def test_untimed_sizes_borrow_from_timed_speculative_sizes_but_plain_does_not():
     costs = LiveCosts(PROFILE_MS)
     for _ in range(10):

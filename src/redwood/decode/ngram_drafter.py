@@ -329,7 +329,7 @@ class NgramDrafter:
         if not self.sizes_itself:
             sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
         elif self.costs is not None:    # the engine keeps them on the profile at this context
-            sizes = {n: self.costs.target_ms(n) for n in self.costs.sizes}
+            sizes = self.costs.table()
         else:
             sizes = self.step_target_ms()
         for n in range(1, min(max_nodes, len(values) + 1) + 1):

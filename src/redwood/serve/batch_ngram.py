@@ -92,26 +92,27 @@ def propose(scheduler, work: list) -> None:
     wait, and the whole decode fits n_batch."""
     drafting = scheduler.ngram
     lanes = [w for w in work if w.live.ngram is not None]
-    for w in lanes:
-        w.live.ngram.costs.follow(_context(w))
-    if len(work) == 1 and lanes:
-        w = lanes[0]
-        proposal = w.live.ngram.propose(w.live.root, drafting.limits(w.live.request.method),
-                                        w.live.chooser)
-        _set(w, proposal, scheduler.target.n_batch)
-        return
     looked = []
     for w in lanes:
+        w.live.ngram.costs.follow(_context(w))
         start = w.live.ngram.clock()
         layout = drafting.limits(w.live.request.method)
-        trie, taken, values = w.live.ngram.lookup(w.live.root, tree_limits(layout.tree),
+        limits = tree_limits(layout.tree)
+        trie, taken, values = w.live.ngram.lookup(w.live.root, limits,
                                                   bool(w.live.chooser.greedy))
-        looked.append((w, layout, trie, taken, values, start))
-    fixed = sum(len(w.tree) for w in work if w.live.ngram is None)
-    table = drafting.step_ms_at(sum(_context(w) for w in work))
-    sizes = joint_sizes([x[4] for x in looked], lambda total: measured_ms(table, total), fixed,
-                        scheduler.target.n_batch, DRAFT_MARGIN)
-    for (w, layout, trie, taken, values, start), k in zip(looked, sizes):
+        looked.append((w, layout, trie, taken, values, start, limits[0]))
+    if len(work) == 1 and looked:          # alone: its own live costs size its tree
+        x = looked[0]
+        sizes = [x[0].live.ngram.best_size(x[4], x[6])[0] - 1]
+    else:
+        fixed = sum(len(w.tree) for w in work if w.live.ngram is None)
+        table = drafting.step_ms_at(sum(_context(w) for w in work))
+        sizes = joint_sizes([x[4] for x in looked], lambda total: measured_ms(table, total),
+                            fixed, scheduler.target.n_batch, DRAFT_MARGIN)
+    for (w, layout, trie, taken, values, start, _), k in zip(looked, sizes):
+        if k == 0:                          # a plain step: no proposal to build (tensors)
+            w.tree, w.proposed = ROOT_ONLY, True
+            continue
         drafter = w.live.ngram
         proposal = drafter.proposal(trie, taken[:k], layout, drafter.clock() - start)
         proposal.expected_tokens = 1.0 + sum(values[:k])

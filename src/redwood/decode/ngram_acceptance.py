@@ -122,8 +122,6 @@ DRAFT_RATIO_RANGE = (0.05, 1.5)
 LONG_DRAFT_TOKENS = 8.0
 
 
-
-
 def draft_key(greedy: bool, predicted: float) -> tuple[bool, bool]:
     """(greedy, long): the draft-ratio class of a tree predicting `predicted` drafted tokens."""
     return bool(greedy), predicted >= LONG_DRAFT_TOKENS

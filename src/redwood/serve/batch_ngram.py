@@ -102,8 +102,8 @@ def propose(scheduler, work: list) -> None:
                                                   bool(w.live.chooser.greedy))
         looked.append((w, layout, trie, taken, values, start, limits[0]))
     if len(work) == 1 and looked:          # alone: its own live costs size its tree
-        x = looked[0]
-        sizes = [x[0].live.ngram.best_size(x[4], x[6])[0] - 1]
+        w, _, _, _, values, _, max_nodes = looked[0]
+        sizes = [w.live.ngram.best_size(values, max_nodes)[0] - 1]
     else:
         fixed = sum(len(w.tree) for w in work if w.live.ngram is None)
         table = drafting.step_ms_at(sum(_context(w) for w in work))

@@ -59,8 +59,8 @@ import torch
 
 from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_acceptance import (MATCH_LABELS, AcceptanceModel, RequestEstimates,
-                                              node_bucket)
+from redwood.decode.ngram_acceptance import (LONG_DRAFT_TOKENS, MATCH_LABELS, AcceptanceModel,
+                                              RequestEstimates, node_bucket)
 from redwood.decode.ngram_edits import CopyTracker
 from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
@@ -171,10 +171,15 @@ class NgramDrafter:
         return proposal
 
     def lookup(self, root: int, limits: tuple[int, int, int], greedy: bool,
-               min_confidence: float = 0.0):
+               min_confidence: float = 0.0, alone: bool = True):
         """One step's lookup: learn from the previous step, append `root`, build the trie and
         take its nodes best-first within `limits` (nodes, leaves, depth). Returns (trie, taken
-        node ids, their path values); the caller proposes a prefix of `taken` and commits."""
+        node ids, their path values); the caller proposes a prefix of `taken` and commits.
+
+        alone: the caller sizes the tree with best_size (on this drafter's costs), so nodes no
+        size could pay for on those costs are not taken (ngram_trees.could_pay): on most chat
+        steps that leaves a few nodes to estimate instead of the whole budget's 40. False (a
+        batch sizing several requests' trees jointly, on other costs): take them all."""
         if self._open:
             raise RedwoodError("NgramDrafter.propose called twice without commit")
         root = int(root)
@@ -184,7 +189,7 @@ class NgramDrafter:
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
         taken, values = best_first(
             trie, lambda u: self.estimates.rate(self.model.key(greedy, trie[u])), limits,
-            min_confidence)
+            min_confidence, self._pays(greedy, limits[0]) if alone else None)
         if self.learn:                  # whole drafts calibrated (decode/ngram_shadow.py)
             n, _ = self.best_size(values, limits[0], margin=0.0)     # the unscaled choice
             predicted = sum(values[:n - 1])
@@ -326,12 +331,7 @@ class NgramDrafter:
         engine (plan/live_costs.py, rebased on the profile at the request's context as it
         grows) it is their corrected figure. Without target_ms every size costs 1."""
         expected, best_n, best = 1.0, 1, None
-        if not self.sizes_itself:
-            sizes = {n: 1.0 for n in range(1, max_nodes + 1)}
-        elif self.costs is not None:    # the engine keeps them on the profile at this context
-            sizes = self.costs.table()
-        else:
-            sizes = self.step_target_ms()
+        sizes = self._cost_table(max_nodes)
         for n in range(1, min(max_nodes, len(values) + 1) + 1):
             expected += values[n - 2] if n > 1 else 0.0
             if n in sizes:
@@ -342,6 +342,33 @@ class NgramDrafter:
         if self.sizes_itself and best_n > 1 and 1 in sizes and best < (1 + margin) / sizes[1]:
             return 1, 1.0 / sizes[1]          # not clearly faster than plain (DRAFT_MARGIN)
         return best_n, best
+
+    def _cost_table(self, max_nodes: int) -> dict[int, float]:
+        """{n: ms} best_size weighs: the live costs where the engine keeps them (on the profile
+        at this context), else the profile's at this context, else 1 for every size."""
+        if not self.sizes_itself:
+            return {n: 1.0 for n in range(1, max_nodes + 1)}
+        if self.costs is not None:
+            return self.costs.table()
+        return self.step_target_ms()
+
+    def _pays(self, greedy: bool, max_nodes: int):
+        """best_first's `pays` for this step (ngram_trees.could_pay): the sizes best_size may
+        choose, as t(n) / t(1) - 1, and the largest scale it may apply to the values (the
+        draft ratio of either class, or 1 for the unscaled choice). None without a cost model:
+        every size costs the same, so every node pays."""
+        if not self.sizes_itself:
+            return None
+        table = self._cost_table(max_nodes)
+        if 1 not in table:
+            return None
+        one = table[1]
+        sizes = [(n, t / one - 1.0) for n, t in sorted(table.items()) if 1 < n <= max_nodes]
+        scale = 1.0
+        if self.learn:
+            scale = max(scale, self.estimates.draft_ratio(greedy, 0.0),
+                        self.estimates.draft_ratio(greedy, LONG_DRAFT_TOKENS))
+        return sizes, scale
 
     def step_target_ms(self) -> dict[int, float] | None:
         """The profile's t(n) for this step: the by-context table at the request's context

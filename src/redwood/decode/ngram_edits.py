@@ -171,6 +171,9 @@ class CopyTracker:
         position: a memory's). `edited_at` is the index of its first changed token."""
         if not self.rules or continuation.start is None:
             return None
+        start = continuation.start
+        if self.rules.keys().isdisjoint(tokens[max(0, start - 1):start + max_length - 1]):
+            return None          # no rule is keyed on a token before any position it reads
         out, at, edited_at, just = [], continuation.start, None, False
         while len(out) < max_length and at < len(tokens):
             rule = None if just else self.rule_at(tokens, at)

@@ -171,7 +171,7 @@ def rank_continuations(tokens, occurrences, max_continuations: int,
     return ranked[:max_continuations]
 
 
-@dataclass
+@dataclass(slots=True)
 class TrieNode:
     """One proposed token. depth: edges from the root (root 0); rank: 1-based among its
     siblings; match: the match length of the best continuation through it; near: that
@@ -193,17 +193,27 @@ def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
     that reaches each. Nodes are numbered in insertion order (parents before children), not
     BFS order; a drafter renumbers the subtree it keeps."""
     nodes = [TrieNode(int(root), -1, 0, 0, 0)]
-    child: dict[tuple[int, int], int] = {}               # (node, token) -> its child
     for continuation in continuations:
-        at = 0
-        for token in continuation.tokens:
-            nxt = child.get((at, token))
+        tokens, at, i = continuation.tokens, 0, 0
+        while i < len(tokens):          # down the nodes an earlier continuation made
+            nxt = next((c for c in nodes[at].children if nodes[c].token == tokens[i]), None)
             if nxt is None:
-                nxt = child[(at, token)] = len(nodes)
-                parent = nodes[at]
-                nodes.append(TrieNode(token, at, parent.depth + 1, len(parent.children) + 1,
-                                      continuation.match, near=continuation.near,
-                                      edited=continuation.edited_at == parent.depth))
-                parent.children.append(nxt)
-            at = nxt
+                break
+            at, i = nxt, i + 1
+        if i < len(tokens):             # the rest is a chain of new nodes, one child each
+            _add_chain(nodes, at, tokens[i:], continuation)
     return nodes
+
+
+def _add_chain(nodes: list[TrieNode], at: int, tokens, continuation: Continuation) -> None:
+    """Append `tokens` below node `at` as a chain: the first a new last child of `at`, each
+    next the only child of the one before (the hot part of a lookup: up to 32 nodes each)."""
+    match, near, edited_at = continuation.match, continuation.near, continuation.edited_at
+    parent = nodes[at]
+    depth, rank = parent.depth, len(parent.children) + 1
+    for token in tokens:
+        new = len(nodes)
+        parent.children.append(new)
+        parent = TrieNode(token, at, depth + 1, rank, match, [], near, edited_at == depth)
+        nodes.append(parent)
+        at, depth, rank = new, depth + 1, 1

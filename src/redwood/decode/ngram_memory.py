@@ -148,11 +148,9 @@ class NgramMemory:
     def follow(self, end: int, max_length: int) -> tuple[int, ...]:
         """The up-to-max_length tokens after global position `end`, within its stream."""
         at = end - self.offset + 1
-        out = []
-        for token in self.buffer[at:at + max_length]:
-            if token is SEPARATOR:
-                break
-            out.append(token)
+        out = self.buffer[at:at + max_length]
+        if SEPARATOR in out:
+            del out[out.index(SEPARATOR):]
         return tuple(out)
 
     def candidates(self, suffix, max_continuations: int, max_length: int) -> list[Continuation]:

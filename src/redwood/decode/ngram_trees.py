@@ -17,8 +17,9 @@ def tree_limits(tree: Tree) -> tuple[int, int, int]:
 
 
 def best_first(trie: list[TrieNode], rate: Callable[[int], float],
-               limits: tuple[int, int, int],
-               min_confidence: float = 0.0) -> tuple[list[int], list[float]]:
+               limits: tuple[int, int, int], min_confidence: float = 0.0,
+               pays: tuple[list[tuple[int, float]], float] | None = None,
+               ) -> tuple[list[int], list[float]]:
     """Take trie nodes in decreasing path value, each after its parent and its earlier siblings,
     within (max nodes, max leaves, max depth). Returns (taken node ids, their values).
 
@@ -27,6 +28,12 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
     every node was a third of the drafter's time per step. A candidate is the first child of a
     taken node or the next sibling of a taken node; a non-first sibling adds a leaf. `miss` =
     the value of reaching the parent and rejecting every earlier sibling, so value = miss · c.
+
+    pays = (sizes, scale): stop once no tree of a size still to come could be predicted faster
+    than a plain step (`could_pay`), so a step where nothing pays takes a few nodes, not the
+    whole budget. sizes: [(n, t(n) / t(1) - 1)] of the measured sizes, ascending; scale: the
+    most the caller may multiply the values by. The taken prefix is the same with or without
+    it: only nodes that no tree the caller can choose would hold are left untaken.
     """
     max_nodes, max_leaves, max_depth = limits
     heap: list[tuple[float, int, float]] = []                   # (-value, node, miss)
@@ -41,8 +48,10 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
 
     if trie[0].children:
         push(trie[0].children[0], 1.0)
-    taken, values, leaves = [], [], 1
+    taken, values, leaves, total = [], [], 1, 0.0
     while heap and len(taken) < max_nodes - 1:
+        if pays is not None and not could_pay(pays, len(taken), total, _reach(heap)):
+            break
         negative, node, miss = heapq.heappop(heap)
         item = trie[node]
         if item.rank > 1:
@@ -51,12 +60,32 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
             leaves += 1
         taken.append(node)
         values.append(-negative)
+        total -= negative
         siblings = trie[item.parent].children
         if item.rank < len(siblings):
             push(siblings[item.rank], miss * (1.0 - rates[node]))
         if item.children:
             push(item.children[0], -negative)
     return taken, values
+
+
+def _reach(heap: list[tuple[float, int, float]]) -> float:
+    """The highest value any node still to be taken can have. An entry's own value is
+    miss · c, its descendants' at most that, its later siblings' at most miss · (1 - c); every
+    node not yet taken is one of those of some entry."""
+    return max(max(-negative, miss + negative) for negative, _, miss in heap)
+
+
+def could_pay(pays: tuple[list[tuple[int, float]], float], taken: int, total: float,
+              reach: float) -> bool:
+    """Whether some measured size n > taken + 1 could give E(n) / t(n) > 1 / t(1): with
+    `taken` nodes worth `total` so far and every further node worth at most `reach`, scaled by
+    up to `scale`, E(n) <= 1 + scale · (total + (n - 1 - taken) · reach)."""
+    sizes, scale = pays
+    for n, extra in sizes:                     # extra = t(n) / t(1) - 1
+        if n > taken + 1 and scale * (total + (n - 1 - taken) * reach) > extra:
+            return True
+    return False
 
 
 def bfs_subtree(trie: list[TrieNode], keep: set[int]) -> tuple[list[int], list[int]]:

@@ -99,7 +99,8 @@ def propose(scheduler, work: list) -> None:
         layout = drafting.limits(w.live.request.method)
         limits = tree_limits(layout.tree)
         trie, taken, values = w.live.ngram.lookup(w.live.root, limits,
-                                                  bool(w.live.chooser.greedy))
+                                                  bool(w.live.chooser.greedy),
+                                                  alone=len(work) == 1)
         looked.append((w, layout, trie, taken, values, start, limits[0]))
     if len(work) == 1 and looked:          # alone: its own live costs size its tree
         w, _, _, _, values, _, max_nodes = looked[0]

@@ -17,8 +17,8 @@ from redwood.decode.layout import TreeLayout
 from redwood.decode.ngram_acceptance import (MATCH_BUCKETS, MATCH_LABELS, AcceptanceModel,
                                               node_bucket)
 from redwood.decode.ngram_drafter import DRAFT_MARGIN, NgramDrafter
-from redwood.decode.ngram_index import (NEAR_BONUS, Continuation, NgramIndex, TrieNode,
-                                         build_trie)
+from redwood.decode.ngram_index import NEAR_BONUS, Continuation, NgramIndex
+from redwood.decode.ngram_trie import TrieNode, build_trie
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, chain, star
 from tiny import tiny_model

@@ -11,7 +11,8 @@ from redwood.decode.ngram_acceptance import (DRAFT_OWN_TOKENS, DRAFT_PRIOR_TOKEN
                                               LONG_DRAFT_TOKENS, AcceptanceModel,
                                               RequestEstimates)
 from redwood.decode.ngram_drafter import NgramDrafter
-from redwood.decode.ngram_index import Continuation, build_trie
+from redwood.decode.ngram_index import Continuation
+from redwood.decode.ngram_trie import build_trie
 from redwood.decode.ngram_shadow import ShadowDrafts
 from redwood.plan.tree import chain
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from redwood.decode.layout import TreeLayout
 from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
-from redwood.decode.ngram_index import Continuation, build_trie
+from redwood.decode.ngram_index import Continuation
+from redwood.decode.ngram_trie import build_trie
 from redwood.decode.ngram_trees import best_first, ngram_budget_tree, tree_limits
 
 
@@ -73,6 +74,28 @@ def test_where_nothing_pays_only_a_few_nodes_are_taken():
     assert chosen <= len(copy) < len(full)
 
 
+def canonical(trie, at: int = 0):
+    """The trie below node `at` as nested tuples, read through `children` (ids left out)."""
+    node = trie[at]
+    return (node.token, node.depth, node.rank, node.match, node.near, node.edited, node.order,
+            tuple(canonical(trie, c) for c in node.children))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), continuations=st.integers(0, 8), length=st.integers(1, 12))
+def test_a_lazy_trie_reads_as_the_eager_one(seed, continuations, length):
+    rng = random.Random(seed)
+    ranked = [Continuation(tuple(rng.randrange(3) for _ in range(rng.randint(1, length))),
+                           rng.randint(1, 9), 1, -i, near=rng.random() < 0.3,
+                           edited_at=rng.choice([None, 0, 1, 2])) for i in range(continuations)]
+    eager, lazy = build_trie(7, ranked), build_trie(7, ranked, lazy=True)
+    assert len(lazy) <= len(eager)
+    assert canonical(lazy) == canonical(eager)
+    assert len(lazy) == len(eager)                          # reading it grew every node
+    assert all(lazy[c].parent == u for u in range(len(lazy)) for c in lazy[u].children)
+    assert all(node.parent < u for u, node in enumerate(lazy) if u)
+
+
 def test_chains_are_single_children_below_the_branch_point():
     trie = build_trie(1, [Continuation((4, 5, 6, 7), 3, 1, 9, edited_at=2),
                           Continuation((4, 5, 8, 9), 2, 1, 5)])
@@ -82,6 +105,9 @@ def test_chains_are_single_children_below_the_branch_point():
     assert [(n.depth, n.rank, n.match) for n in trie[1:]] == [
         (1, 1, 3), (2, 1, 3), (3, 1, 3), (4, 1, 3), (3, 2, 2), (4, 1, 2)]
     assert [n.edited for n in trie] == [False, False, False, True, False, False, False]
+    lazy = build_trie(1, [Continuation((4, 5, 6, 7), 3, 1, 9), Continuation((4, 5, 8, 9), 2, 1, 5)],
+                      lazy=True)
+    assert [n.token for n in lazy] == [1, 4, 5, 6, 8]      # 7 and 9 wait below 6 and 8
 
 
 def test_a_drafter_that_stops_early_proposes_what_one_that_does_not_would():

@@ -4,7 +4,7 @@ says how it is learnt without wasting target time; measure/ngram_calibration.py 
 priors per bundle)."""
 from __future__ import annotations
 
-from redwood.decode.ngram_index import TrieNode
+from redwood.decode.ngram_trie import TrieNode
 from redwood.errors import RedwoodError
 
 # Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32+: a long match predicts a long copy (the text

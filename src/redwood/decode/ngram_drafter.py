@@ -62,7 +62,8 @@ from redwood.decode.layout import LayoutCache, TreeLayout
 from redwood.decode.ngram_acceptance import (LONG_DRAFT_TOKENS, MATCH_LABELS, AcceptanceModel,
                                               RequestEstimates, node_bucket)
 from redwood.decode.ngram_edits import CopyTracker
-from redwood.decode.ngram_index import Continuation, NgramIndex, TrieNode, build_trie
+from redwood.decode.ngram_index import Continuation, NgramIndex
+from redwood.decode.ngram_trie import TrieNode, build_trie
 from redwood.decode.ngram_memory import NgramMemory, merge_continuations
 from redwood.decode.ngram_shadow import ShadowDrafts
 from redwood.decode.ngram_trees import best_first, bfs_subtree, tree_limits
@@ -186,7 +187,7 @@ class NgramDrafter:
         self._learn_from_last(root)
         self.index.append(root)
         self.copy.step(self.index)
-        trie = build_trie(root, self.candidates(min(self.max_length, limits[2])))
+        trie = build_trie(root, self.candidates(min(self.max_length, limits[2])), lazy=True)
         taken, values = best_first(
             trie, lambda u: self.estimates.rate(self.model.key(greedy, trie[u])), limits,
             min_confidence, self._pays(greedy, limits[0]) if alone else None)

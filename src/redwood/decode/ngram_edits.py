@@ -171,10 +171,14 @@ class CopyTracker:
         position: a memory's). `edited_at` is the index of its first changed token."""
         if not self.rules or continuation.start is None:
             return None
-        start = continuation.start
-        if self.rules.keys().isdisjoint(tokens[max(0, start - 1):start + max_length - 1]):
-            return None          # no rule is keyed on a token before any position it reads
-        out, at, edited_at, just = [], continuation.start, None, False
+        start, rules = continuation.start, self.rules
+        end = min(len(tokens), start + max_length)
+        # up to the first position a rule applies at, the continuation is the stream's text
+        first = next((at for at in range(max(start, 1), end) if tokens[at - 1] in rules
+                      and self.rule_at(tokens, at) is not None), None)
+        if first is None:
+            return None
+        out, at, edited_at, just = tokens[start:first], first, None, False
         while len(out) < max_length and at < len(tokens):
             rule = None if just else self.rule_at(tokens, at)
             if rule is not None:

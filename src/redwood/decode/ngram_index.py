@@ -4,7 +4,8 @@
 appended as tokens arrive: one dict update per n per token, never a rescan of the context, so a
 long pasted file costs O(len) once and each lookup costs O(max_occurrences * max_length), not
 O(len). `candidates` returns what followed earlier occurrences of the current suffix;
-`build_trie` merges them into the tree a drafter proposes (docs/design.md §4.5).
+`build_trie` (decode/ngram_trie.py) merges them into the tree a drafter proposes
+(docs/design.md §4.5).
 
 Pure python: no torch.
 """
@@ -169,51 +170,3 @@ def rank_continuations(tokens, occurrences, max_continuations: int,
     ranked = sorted((Continuation(follow, *stats) for follow, stats in groups.items()),
                     key=Continuation.rank_key)
     return ranked[:max_continuations]
-
-
-@dataclass(slots=True)
-class TrieNode:
-    """One proposed token. depth: edges from the root (root 0); rank: 1-based among its
-    siblings; match: the match length of the best continuation through it; near: that
-    continuation is near the copy's source; edited: this token is the first one an edit rule
-    changed in that continuation (where the rule may not hold)."""
-    token: int
-    parent: int
-    depth: int
-    rank: int
-    match: int
-    children: list[int] = field(default_factory=list)
-    near: bool = False
-    edited: bool = False
-
-
-def build_trie(root: int, continuations: list[Continuation]) -> list[TrieNode]:
-    """Merge continuations (best first) into a trie below `root`: node 0 is the root, and a
-    node's children are the distinct next tokens in the rank order of the best continuation
-    that reaches each. Nodes are numbered in insertion order (parents before children), not
-    BFS order; a drafter renumbers the subtree it keeps."""
-    nodes = [TrieNode(int(root), -1, 0, 0, 0)]
-    for continuation in continuations:
-        tokens, at, i = continuation.tokens, 0, 0
-        while i < len(tokens):          # down the nodes an earlier continuation made
-            nxt = next((c for c in nodes[at].children if nodes[c].token == tokens[i]), None)
-            if nxt is None:
-                break
-            at, i = nxt, i + 1
-        if i < len(tokens):             # the rest is a chain of new nodes, one child each
-            _add_chain(nodes, at, tokens[i:], continuation)
-    return nodes
-
-
-def _add_chain(nodes: list[TrieNode], at: int, tokens, continuation: Continuation) -> None:
-    """Append `tokens` below node `at` as a chain: the first a new last child of `at`, each
-    next the only child of the one before (the hot part of a lookup: up to 32 nodes each)."""
-    match, near, edited_at = continuation.match, continuation.near, continuation.edited_at
-    parent = nodes[at]
-    depth, rank = parent.depth, len(parent.children) + 1
-    for token in tokens:
-        new = len(nodes)
-        parent.children.append(new)
-        parent = TrieNode(token, at, depth + 1, rank, match, [], near, edited_at == depth)
-        nodes.append(parent)
-        at, depth, rank = new, depth + 1, 1

@@ -16,7 +16,7 @@ Pure python: no torch.
 """
 from __future__ import annotations
 
-from redwood.decode.ngram_index import TrieNode
+from redwood.decode.ngram_trie import TrieNode
 
 
 class ShadowDrafts:

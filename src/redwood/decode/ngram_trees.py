@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from redwood.decode.ngram_index import TrieNode
+from redwood.decode.ngram_trie import TrieNode
 from redwood.plan.tree import Tree, bfs_renumber
 
 
@@ -28,6 +28,7 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
     every node was a third of the drafter's time per step. A candidate is the first child of a
     taken node or the next sibling of a taken node; a non-first sibling adds a leaf. `miss` =
     the value of reaching the parent and rejecting every earlier sibling, so value = miss · c.
+    Equal values go in the trie's insertion order (TrieNode.order), however it is numbered.
 
     pays = (sizes, scale): stop once no tree of a size still to come could be predicted faster
     than a plain step (`could_pay`), so a step where nothing pays takes a few nodes, not the
@@ -36,7 +37,7 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
     it: only nodes that no tree the caller can choose would hold are left untaken.
     """
     max_nodes, max_leaves, max_depth = limits
-    heap: list[tuple[float, int, float]] = []                   # (-value, node, miss)
+    heap: list[tuple[float, int, int, float]] = []       # (-value, order, node, miss)
     rates: dict[int, float] = {}
 
     def push(node: int, miss: float) -> None:
@@ -44,7 +45,7 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
             return
         c = rates[node] = rate(node)
         if c >= min_confidence:
-            heapq.heappush(heap, (-miss * c, node, miss))
+            heapq.heappush(heap, (-miss * c, trie[node].order, node, miss))
 
     if trie[0].children:
         push(trie[0].children[0], 1.0)
@@ -52,7 +53,7 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
     while heap and len(taken) < max_nodes - 1:
         if pays is not None and not could_pay(pays, len(taken), total, _reach(heap)):
             break
-        negative, node, miss = heapq.heappop(heap)
+        negative, _, node, miss = heapq.heappop(heap)
         item = trie[node]
         if item.rank > 1:
             if leaves >= max_leaves:
@@ -69,11 +70,11 @@ def best_first(trie: list[TrieNode], rate: Callable[[int], float],
     return taken, values
 
 
-def _reach(heap: list[tuple[float, int, float]]) -> float:
+def _reach(heap: list[tuple[float, int, int, float]]) -> float:
     """The highest value any node still to be taken can have. An entry's own value is
     miss · c, its descendants' at most that, its later siblings' at most miss · (1 - c); every
     node not yet taken is one of those of some entry."""
-    return max(max(-negative, miss + negative) for negative, _, miss in heap)
+    return max(max(-negative, miss + negative) for negative, _, _, miss in heap)
 
 
 def could_pay(pays: tuple[list[tuple[int, float]], float], taken: int, total: float,

@@ -364,7 +364,7 @@ class NgramDrafter:
         if 1 not in table:
             return None
         one = table[1]
-        sizes = [(n, t / one - 1.0) for n, t in sorted(table.items()) if 1 < n <= max_nodes]
+        sizes = sorted((n, t / one - 1.0) for n, t in table.items() if 1 < n <= max_nodes)
         scale = 1.0
         if self.learn:
             scale = max(scale, self.estimates.draft_ratio(greedy, 0.0),

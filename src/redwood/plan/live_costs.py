@@ -36,6 +36,7 @@ Pure python, like the rest of redwood.plan.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 DRAFT = "draft"
 CONTEXT_BUCKET = 64        # follow() re-reads the profile when the context enters a new bucket
@@ -44,8 +45,8 @@ CONTEXT_BUCKET = 64        # follow() re-reads the profile when the context ente
 def measured_size(sizes: list[int], n: int) -> int:
     """The measured size whose time predicts a forward over n tokens: the nearest at or above
     n, the largest beyond them (sizes sorted ascending)."""
-    above = [s for s in sizes if s >= n]
-    return above[0] if above else sizes[-1]
+    at = bisect_left(sizes, n)
+    return sizes[at] if at < len(sizes) else sizes[-1]
 
 
 def measured_ms(times: dict[int, float], n: int) -> float:
@@ -113,8 +114,10 @@ class LiveCosts:
         return measured_size(self.sizes, n)
 
     def predicted_ms(self, n: int) -> float:
-        """The profile's t(n) (measured_ms)."""
-        return measured_ms(self.profile_ms, n)
+        """The profile's t(n) (measured_ms; its sizes kept sorted here: a plain step records
+        one, and sorting 20+ sizes each time was most of a record's cost)."""
+        key = measured_size(self.sizes, n)
+        return self.profile_ms[key] * (n / key if n > key else 1.0)
 
     def target_ms(self, n: int) -> float:
         """t(n) as this request's forwards have cost: the profile's times the learnt ratio."""
@@ -126,7 +129,11 @@ class LiveCosts:
         and reading 20+ sizes afresh twice a step cost ~0.15 ms of it)."""
         if self._table is None:
             pooled = self._pooled()
-            self._table = {n: self.profile_ms[n] * self._ratio(n, pooled) for n in self.sizes}
+            untimed = math.exp(pooled)          # the ratio of a size with no samples of its own
+            weights = self._weight
+            self._table = {n: self.profile_ms[n] * (
+                self._ratio(n, pooled) if n == 1 or n in weights else untimed)
+                for n in self.sizes}
         return self._table
 
     def ratio(self, key) -> float:

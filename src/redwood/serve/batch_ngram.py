@@ -47,12 +47,14 @@ class BatchNgramDrafting:
         self.model = model_factory()
         self.budget = TreeLayout.build(ngram_budget_tree(depth=depth), "cpu")
         self.chain = TreeLayout.build(chain(depth), "cpu")     # the `chain` method's limits
+        self._limits = {id(t): tree_limits(t.tree) for t in (self.budget, self.chain)}
         self._table: tuple[int, dict[int, float]] | None = None   # (cells bucket, its t(n))
 
-    def limits(self, method: str) -> TreeLayout:
-        """The tree a request's proposals must fit: one chain for the chain method (the
-        engine's rule), else the budget tree."""
-        return self.chain if method == "chain" else self.budget
+    def limits(self, method: str) -> tuple[TreeLayout, tuple[int, int, int]]:
+        """The tree a request's proposals must fit (one chain for the chain method, the
+        engine's rule; else the budget tree) and its (nodes, leaves, depth)."""
+        layout = self.chain if method == "chain" else self.budget
+        return layout, self._limits[id(layout)]
 
     @property
     def max_nodes(self) -> int:
@@ -96,8 +98,7 @@ def propose(scheduler, work: list) -> None:
     for w in lanes:
         w.live.ngram.costs.follow(_context(w))
         start = w.live.ngram.clock()
-        layout = drafting.limits(w.live.request.method)
-        limits = tree_limits(layout.tree)
+        layout, limits = drafting.limits(w.live.request.method)
         trie, taken, values = w.live.ngram.lookup(w.live.root, limits,
                                                   bool(w.live.chooser.greedy),
                                                   alone=len(work) == 1)

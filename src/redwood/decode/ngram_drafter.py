@@ -188,9 +188,11 @@ class NgramDrafter:
         self.index.append(root)
         self.copy.step(self.index)
         trie = build_trie(root, self.candidates(min(self.max_length, limits[2])), lazy=True)
+        # a root alone has no walk to stop: its bound is not worth building
+        pays = self._pays(greedy, limits[0]) if alone and len(trie) > 1 else None
         taken, values = best_first(
             trie, lambda u: self.estimates.rate(self.model.key(greedy, trie[u])), limits,
-            min_confidence, self._pays(greedy, limits[0]) if alone else None)
+            min_confidence, pays)
         if self.learn:                  # whole drafts calibrated (decode/ngram_shadow.py)
             n, _ = self.best_size(values, limits[0], margin=0.0)     # the unscaled choice
             predicted = sum(values[:n - 1])

@@ -49,10 +49,12 @@ def measured_size(sizes: list[int], n: int) -> int:
     return sizes[at] if at < len(sizes) else sizes[-1]
 
 
-def measured_ms(times: dict[int, float], n: int) -> float:
+def measured_ms(times: dict[int, float], n: int, sizes: list[int] | None = None) -> float:
     """times {size: ms} at size n: the nearest measured size at or above n, scaled linearly
-    beyond the largest (never interpolated between measured sizes)."""
-    key = measured_size(sorted(times), n)
+    beyond the largest (never interpolated between measured sizes). sizes: sorted(times), where
+    the caller keeps it (a plain step's record reads one size; sorting 20+ each time was most of
+    its cost)."""
+    key = measured_size(sorted(times) if sizes is None else sizes, n)
     return times[key] * (n / key if n > key else 1.0)
 
 
@@ -114,10 +116,8 @@ class LiveCosts:
         return measured_size(self.sizes, n)
 
     def predicted_ms(self, n: int) -> float:
-        """The profile's t(n) (measured_ms; its sizes kept sorted here: a plain step records
-        one, and sorting 20+ sizes each time was most of a record's cost)."""
-        key = measured_size(self.sizes, n)
-        return self.profile_ms[key] * (n / key if n > key else 1.0)
+        """The profile's t(n) (measured_ms)."""
+        return measured_ms(self.profile_ms, n, self.sizes)
 
     def target_ms(self, n: int) -> float:
         """t(n) as this request's forwards have cost: the profile's times the learnt ratio."""

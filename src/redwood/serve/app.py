@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError, GenerationRequest, parse_request
+from redwood.serve.text_stream import STREAM_INTERVAL_S
 from redwood.serve.worker import GenerationWorker, Job, Outcome, QueueFull
 
 _DISCONNECT_POLL_SECONDS = 0.25     # how often a waiting handler checks its client is still there
@@ -43,6 +44,9 @@ class ServerConfig:
     # Optional per-request drafting: temperature -> (Tree, draft_confidence), a tuned
     # bundle's nearest entry; None = the engine's own tree and threshold for every request.
     drafting_for_temperature: object = None
+    # Streamed text goes out at most this often, the first text at once (serve/text_stream.py);
+    # 0 = every step.
+    stream_interval: float = STREAM_INTERVAL_S
 
     def __post_init__(self):
         if self.max_queue < 1:
@@ -50,6 +54,9 @@ class ServerConfig:
         if self.default_max_tokens < 1:
             raise ValueError(
                 f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
+        if not 0 <= self.stream_interval <= 10:
+            raise ValueError(f"stream_interval must be in [0, 10] seconds, got "
+                             f"{self.stream_interval}")
 
 
 def _model_limits(engine, tokenizer, config: ServerConfig) -> tuple[int, int]:
@@ -157,10 +164,11 @@ class _Service:
             from redwood.serve.batch_worker import BatchWorker
 
             self.worker = BatchWorker(engine, tokenizer, config.method, config.max_queue,
-                                      self.metrics)
+                                      self.metrics, config.stream_interval)
         else:
             self.worker = GenerationWorker(engine, tokenizer, config.method, config.max_queue,
-                                           self.metrics, config.drafting_for_temperature)
+                                           self.metrics, config.drafting_for_temperature,
+                                           config.stream_interval)
 
     def authorize(self, request: Request) -> None:
         if self.config.api_key is None:

@@ -16,11 +16,11 @@ import time
 
 from prometheus_client import Gauge, Histogram
 
-from redwood.decode.detokenize import IncrementalText
 from redwood.serve.batch_requests import BatchRequest
 from redwood.serve.batching import BatchScheduler
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError
+from redwood.serve.text_stream import STREAM_INTERVAL_S, TextStream
 from redwood.serve.worker import Job, Outcome, enqueue
 
 log = logging.getLogger("redwood.serve.app")
@@ -80,10 +80,11 @@ class BatchMetrics:
 class _Client:
     """One job's text stream: detokenises each step's tokens and posts events to its handler."""
 
-    def __init__(self, job: Job, tokenizer, metrics: ServerMetrics, method: str):
+    def __init__(self, job: Job, tokenizer, metrics: ServerMetrics, method: str,
+                 stream_interval: float = STREAM_INTERVAL_S):
         self.job, self.metrics, self.method = job, metrics, method
-        self.text = IncrementalText(tokenizer, list(job.request.sampling.stop),
-                                    live=job.request.stream)
+        self.text = TextStream(job.post, tokenizer, list(job.request.sampling.stop),
+                               live=job.request.stream, interval=stream_interval)
         self.previous: float | None = None
 
     def on_tokens(self, request: BatchRequest, new: list[int]) -> bool:
@@ -94,10 +95,7 @@ class _Client:
             self.metrics.ttft.observe(now - self.job.arrived)
         self.metrics.observe_step(len(new), None if self.previous is None else now - self.previous)
         self.previous = now
-        delta = self.text.add(new)
-        if delta:
-            self.job.post("text", delta)
-        return not self.text.stopped
+        return self.text.add(new)
 
     def on_finish(self, request: BatchRequest) -> None:
         reason = request.finish_reason
@@ -110,9 +108,7 @@ class _Client:
             self.job.post("error", APIError(500, f"generation failed: {request.error}",
                                             type="server_error"))
             return
-        rest = self.text.finish()
-        if rest:
-            self.job.post("text", rest)
+        self.text.finish()
         self.job.post("done", self._outcome(request))
 
     def _outcome(self, request: BatchRequest) -> Outcome:
@@ -141,8 +137,9 @@ class BatchWorker:
     """Owns the scheduler; `submit` enqueues (or raises QueueFull), one thread steps the batch."""
 
     def __init__(self, scheduler: BatchScheduler, tokenizer, method: str, max_queue: int,
-                 metrics: ServerMetrics):
+                 metrics: ServerMetrics, stream_interval: float = STREAM_INTERVAL_S):
         self.scheduler, self.tokenizer, self.method = scheduler, tokenizer, method
+        self.stream_interval = stream_interval       # serve/text_stream.py
         self.metrics, self.batch_metrics = metrics, BatchMetrics(metrics)
         self.batch_metrics.observe_costs(getattr(scheduler.planner, "costs", None))  # 1.0 at start
         self.queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
@@ -216,7 +213,8 @@ class BatchWorker:
             if not self.scheduler.room_for(len(req.prompt_ids), req.sampling.max_new_tokens):
                 return
             self._head = None
-            client = _Client(job, self.tokenizer, self.metrics, self.method)
+            client = _Client(job, self.tokenizer, self.metrics, self.method,
+                             self.stream_interval)
             request = BatchRequest(list(req.prompt_ids), req.sampling, self.method,
                                    on_tokens=client.on_tokens, on_finish=self._finisher(client),
                                    cache_prompt=req.cache_prompt,

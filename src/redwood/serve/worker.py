@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from redwood.decode.detokenize import IncrementalText
+from redwood.serve.text_stream import STREAM_INTERVAL_S, TextStream
 from redwood.errors import RedwoodError
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError, GenerationRequest
@@ -68,8 +68,9 @@ class GenerationWorker:
     """Owns the engine; `submit` enqueues (or raises QueueFull), one thread generates."""
 
     def __init__(self, engine, tokenizer, method: str, max_queue: int, metrics: ServerMetrics,
-                 drafting_for_temperature=None):
+                 drafting_for_temperature=None, stream_interval: float = STREAM_INTERVAL_S):
         self.engine, self.tokenizer, self.method, self.metrics = engine, tokenizer, method, metrics
+        self.stream_interval = stream_interval       # serve/text_stream.py
         # temperature -> (Tree, draft_confidence), or None for the engine's defaults
         self.drafting_for_temperature = drafting_for_temperature
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -139,7 +140,8 @@ class GenerationWorker:
             seed=params.seed, method=self.method, cache_prompt=req.cache_prompt,
             ngram_memory=req.ngram_memory,
             **self._drafting(params.temperature))
-        text = IncrementalText(self.tokenizer, list(params.stop), live=req.stream)
+        text = TextStream(job.post, self.tokenizer, list(params.stop), live=req.stream,
+                          interval=self.stream_interval)
         steps: list[int] = []           # tokens gained by each target forward
         previous = None
         try:
@@ -156,19 +158,14 @@ class GenerationWorker:
                 self.metrics.observe_step(len(step_ids), since_previous)
                 previous = now
                 steps.append(len(step_ids))
-                delta = text.add(step_ids)
-                if delta:
-                    job.post("text", delta)
-                if text.stopped:    # otherwise let the engine end by itself, which sets
-                    break           # stream.result (it stops at max_tokens or EOS)
+                if not text.add(step_ids):  # a stop string; otherwise let the engine end by
+                    break                   # itself, which sets stream.result (max_tokens, EOS)
         finally:
             stream.close()
-        rest = text.finish()
-        if rest:
-            job.post("text", rest)
+        text.finish()
         job.post("done", self._outcome(req, text, steps, getattr(stream, "result", None)))
 
-    def _outcome(self, req: GenerationRequest, text: IncrementalText, steps: list[int],
+    def _outcome(self, req: GenerationRequest, text: TextStream, steps: list[int],
                  result) -> Outcome:
         """Usage and speculative stats. Counted from the steps this request saw, because a
         stream closed early (stop string) has no GenerationResult."""

@@ -689,3 +689,27 @@ def test_cli_serve_refuses_bad_arguments(capsys):
     assert main(["serve", "--model", "qwen2.5-coder", "--target", "x", "--draft", "y"]) == 2
     err = capsys.readouterr().err
     assert "no/such/tree.json does not exist" in err and "--port" in err and "either --model" in err
+
+
+def test_step_metrics_are_published_on_render_and_stay_bounded():
+    """observe_step keeps steps in plain Python until /metrics renders (serve/metrics.py);
+    without a scrape they are published every PUBLISH_EVERY steps, so memory stays bounded,
+    and a render counts every step."""
+    from redwood.serve.metrics import PUBLISH_EVERY, ServerMetrics
+
+    metrics = ServerMetrics()
+    for _ in range(PUBLISH_EVERY - 1):
+        metrics.observe_step(2, 0.01)
+    assert len(metrics._steps) == PUBLISH_EVERY - 1
+    metrics.observe_step(1, None)
+    assert metrics._steps == []                       # published without a scrape
+    metrics.observe_step(3, 0.03)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render().decode())
+               for s in family.samples}
+    assert samples[("redwood_generated_tokens_total", ())] == 2 * (PUBLISH_EVERY - 1) + 1 + 3
+    assert samples[("redwood_target_forwards_total", ())] == PUBLISH_EVERY + 1
+    assert samples[("redwood_accepted_at_depth_total", (("depth", "1"),))] == PUBLISH_EVERY
+    assert samples[("redwood_accepted_at_depth_total", (("depth", "2"),))] == 1
+    assert samples[("redwood_time_per_output_token_seconds_count", ())] == \
+        2 * (PUBLISH_EVERY - 1) + 3

@@ -18,7 +18,7 @@ from prometheus_client import Gauge, Histogram
 
 from redwood.serve.batch_requests import BatchRequest
 from redwood.serve.batching import BatchScheduler
-from redwood.serve.metrics import ServerMetrics
+from redwood.serve.metrics import PUBLISH_EVERY, ServerMetrics
 from redwood.serve.openai_requests import APIError
 from redwood.serve.text_stream import STREAM_INTERVAL_S, TextStream
 from redwood.serve.worker import Job, Outcome, enqueue
@@ -149,6 +149,9 @@ class BatchWorker:
         self._clients: dict[BatchRequest, Job] = {}
         self._stopping = threading.Event()
         self._cache_seen = (0, 0, 0)         # (lookups, hits, evictions) already exported
+        self._pending: list = []             # StepInfo of steps not published yet
+        self._pending_lock, self._publishing = threading.Lock(), threading.Lock()
+        metrics.before_render.append(self._publish)
 
     def start(self) -> None:
         self._stopping.clear()
@@ -234,17 +237,32 @@ class BatchWorker:
         return on_finish
 
     def _observe(self) -> None:
-        info = self.scheduler.last
-        self.batch_metrics.observe(info)
-        self.batch_metrics.observe_costs(getattr(self.scheduler.planner, "costs", None))
-        self.batch_metrics.live.set(len(self.scheduler.live))
-        self.metrics.in_progress.set(len(self.scheduler.live))
-        self.metrics.queue_length.set(self.queue.qsize())
-        stats = self.scheduler.cache_stats
-        now = (stats.lookups, stats.hits, stats.evictions)
-        lookups, hits, evictions = (a - b for a, b in zip(now, self._cache_seen))
-        self.metrics.observe_cache(lookups, hits, evictions, self.scheduler.target.idle_cells())
-        self._cache_seen = now
+        """The step's figures for /metrics, kept until the next render (serve/metrics.py)."""
+        with self._pending_lock:
+            self._pending.append(self.scheduler.last)
+            full = len(self._pending) >= PUBLISH_EVERY
+        if full:
+            self._publish()
+
+    def _publish(self) -> None:
+        """Move the pending steps into the registry, and the batch's state now: the worker
+        every PUBLISH_EVERY steps, the event loop before /metrics renders (the reads of the
+        scheduler's lanes and counters from there are momentary values)."""
+        with self._publishing:
+            with self._pending_lock:
+                infos, self._pending = self._pending, []
+            for info in infos:
+                self.batch_metrics.observe(info)
+            scheduler = self.scheduler
+            self.batch_metrics.observe_costs(getattr(scheduler.planner, "costs", None))
+            self.batch_metrics.live.set(len(scheduler.live))
+            self.metrics.in_progress.set(len(scheduler.live))
+            self.metrics.queue_length.set(self.queue.qsize())
+            stats = scheduler.cache_stats
+            now = (stats.lookups, stats.hits, stats.evictions)
+            lookups, hits, evictions = (a - b for a, b in zip(now, self._cache_seen))
+            self.metrics.observe_cache(lookups, hits, evictions, scheduler.target.idle_cells())
+            self._cache_seen = now
 
     def _shut_down(self) -> None:
         self.scheduler.close()                       # live requests: 503 cancelled

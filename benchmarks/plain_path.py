@@ -32,10 +32,13 @@ from pathlib import Path
 
 
 class TimedLlama:
-    """The llama_cpp module with llama_decode timed (everything else passed through)."""
+    """The llama_cpp module with llama_decode timed (everything else passed through): its total
+    seconds and calls, and every call's (start, end) on perf_counter (CLOCK_MONOTONIC: the same
+    clock in another process)."""
 
     def __init__(self, module):
         self._module, self.seconds, self.calls = module, 0.0, 0
+        self.spans: list[tuple[float, float]] = []
 
     def __getattr__(self, name):
         return getattr(self._module, name)
@@ -45,8 +48,18 @@ class TimedLlama:
         try:
             return self._module.llama_decode(ctx, batch)
         finally:
-            self.seconds += time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds += end - start
             self.calls += 1
+            self.spans.append((start, end))
+
+
+def common_arguments(parser) -> None:
+    """The prompts, lengths and temperature both path benchmarks take."""
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
 
 
 def timed_method(obj, name: str, totals: dict) -> None:
@@ -63,10 +76,7 @@ def timed_method(obj, name: str, totals: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    common_arguments(parser)
     parser.add_argument("--batched", action="store_true",
                         help="time the server's batch scheduler instead of the engine")
     parser.add_argument("--drafter", default="model", choices=("model", "ngram", "auto"),

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plain_path import TimedLlama, prompt_ids  # noqa: E402  (this folder's module)
+from plain_path import TimedLlama, common_arguments, prompt_ids  # noqa: E402  (this folder)
 
 CLIENT = """
 import json, sys, time
@@ -51,28 +51,9 @@ for body in bodies:
 """
 
 
-class DecodeLog(TimedLlama):
-    """llama_decode timed, every call's (start, end) kept (perf_counter: CLOCK_MONOTONIC, the
-    same clock in the client's process)."""
-
-    def __init__(self, module):
-        super().__init__(module)
-        self.spans: list[tuple[float, float]] = []
-
-    def llama_decode(self, ctx, batch):
-        start = time.perf_counter()
-        try:
-            return self._module.llama_decode(ctx, batch)
-        finally:
-            self.spans.append((start, time.perf_counter()))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    common_arguments(parser)
     parser.add_argument("--drafter", default="auto", choices=("model", "ngram", "auto"))
     parser.add_argument("--prompt-set", default="chat", choices=("humaneval", "chat"))
     parser.add_argument("--ngram-memory", type=int, default=0, metavar="TOKENS",
@@ -97,7 +78,7 @@ def measure(args) -> list[dict]:
     scheduler, tokenizer = load_batch_scheduler(progress=False, drafter=args.drafter,
                                                 ngram_memory=args.ngram_memory)
     backend = scheduler.target.backend
-    log = backend._llama = DecodeLog(backend._llama)
+    log = backend._llama = TimedLlama(backend._llama)
     pace = {} if args.stream_interval is None else {"stream_interval": args.stream_interval}
     app = create_app(scheduler, tokenizer, ServerConfig(model_name="bench", port=0, **pace))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))

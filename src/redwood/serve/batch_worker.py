@@ -78,7 +78,8 @@ class BatchMetrics:
 
 
 class _Client:
-    """One job's text stream: detokenises each step's tokens and posts events to its handler."""
+    """One job's text stream: each step's tokens to its handler, paced (serve/text_stream.py),
+    and the job's metrics."""
 
     def __init__(self, job: Job, tokenizer, metrics: ServerMetrics, method: str,
                  stream_interval: float = STREAM_INTERVAL_S):

@@ -15,10 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from redwood.serve.text_stream import STREAM_INTERVAL_S, TextStream
 from redwood.errors import RedwoodError
 from redwood.serve.metrics import ServerMetrics
 from redwood.serve.openai_requests import APIError, GenerationRequest
+from redwood.serve.text_stream import STREAM_INTERVAL_S, TextStream
 
 log = logging.getLogger("redwood.serve.app")
 

@@ -281,9 +281,6 @@ def _cmd_serve(args):
     from redwood.serve.app import ServerConfig, create_app, run_server
     from redwood.cli.textgen import bundle_drafting, load_engine
 
-    if not 0 <= args.stream_interval <= 10:
-        raise RedwoodError(f"--stream-interval must be between 0 and 10 seconds, got "
-                           f"{args.stream_interval}")
     config = ServerConfig(
         model_name=args.served_name or args.model or (Path(args.target).name if args.target
                                                       else DEFAULT_PAIR),

@@ -55,8 +55,8 @@ class ServerConfig:
             raise ValueError(
                 f"default_max_tokens must be at least 1, got {self.default_max_tokens}")
         if not 0 <= self.stream_interval <= 10:
-            raise ValueError(f"stream_interval must be in [0, 10] seconds, got "
-                             f"{self.stream_interval}")
+            raise ValueError(f"stream_interval (--stream-interval) must be in [0, 10] seconds, "
+                             f"got {self.stream_interval}")
 
 
 def _model_limits(engine, tokenizer, config: ServerConfig) -> tuple[int, int]:

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from redwood.cache_dirs import cache_root  # noqa: F401  (callers import it from here)
 from redwood.errors import RedwoodError
 from redwood.models.manifest import _CHUNK, _fsync_dir, _fsync_file, check_manifest, write_manifest
 
@@ -64,16 +65,6 @@ SHIPPED_PAIRS = {
 }
 DEFAULT_PAIR = "qwen2.5-coder"
 ROLES = ("target", "draft")
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """`cache_dir`, else `$REDWOOD_CACHE`, else `$XDG_CACHE_HOME/redwood` (default ~/.cache/redwood)."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("REDWOOD_CACHE"):
-        return Path(os.environ["REDWOOD_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "redwood"
 
 
 def shipped_pair(name: str) -> ShippedPair:

@@ -70,7 +70,7 @@ def _library_function():
         return None
     try:
         library = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:   # no cache, no cc
         log.info("native sampler unavailable (%s); the numpy sampler is used", error)
         return None
     function = library.redwood_sample_head

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from redwood.cache_dirs import cache_root
 from redwood.errors import RedwoodError
 from redwood.models import manifest, shipped
 
@@ -202,11 +203,11 @@ def test_disk_full_and_other_errors(fake_pair, monkeypatch):
 
 def test_cache_root_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("REDWOOD_CACHE", str(tmp_path / "a"))
-    assert shipped.cache_root() == tmp_path / "a"
-    assert shipped.cache_root(tmp_path / "b") == tmp_path / "b"
+    assert cache_root() == tmp_path / "a"
+    assert cache_root(tmp_path / "b") == tmp_path / "b"
     monkeypatch.delenv("REDWOOD_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert shipped.cache_root() == tmp_path / "xdg" / "redwood"
+    assert cache_root() == tmp_path / "xdg" / "redwood"
 
 
 def test_real_part_packages_are_complete():

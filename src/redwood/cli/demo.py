@@ -151,7 +151,7 @@ def plain_llama_server(binary: str, target_backend, ids: list[int],
     from redwood.bench.server_bench import request_body
     from redwood.bench.server_process import ServerProcess, free_port
     from redwood.bench.server_specs import METHODS, ServerSetup, command
-    from redwood.models.shipped import cache_root
+    from redwood.cache_dirs import cache_root
 
     setup = ServerSetup(target_backend.name, "", target_backend.n_threads, target_backend.n_ctx,
                         binary)

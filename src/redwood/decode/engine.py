@@ -22,7 +22,7 @@ from redwood.decode.drafter import ChildChooser, Drafter
 from redwood.decode.governor import Governor, draft_ms, step_ms
 from redwood.decode.layout import LayoutCache
 from redwood.decode.params import SamplingParams, check_draft_confidence
-from redwood.decode.native_sampling import native_head
+from redwood.decode.native_sampling import prepare as prepare_native
 from redwood.decode.plain_sampling import PlainSampler
 from redwood.decode.request import (as_backend, as_tree, check_request, check_same_vocab,
                                     draft_ratio, finish_drafters, match_counts, method_tree,
@@ -80,7 +80,7 @@ class Engine:
         self._clock_fn = clock
         self.last_costs: LiveCosts | None = None     # the latest request's, for inspection
         self._plain_sampler = PlainSampler()
-        native_head()                # its C call built now (once per machine), not mid-request
+        prepare_native()             # its C call built now (once per machine), not mid-request
 
     # -- public API ---------------------------------------------------------------------
     def generate(self, input_ids, max_new_tokens: int | None = None, **options) -> GenerationResult:

@@ -26,6 +26,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger("redwood.decode")
 
 SOURCE = Path(__file__).with_name("plain_sampling.c")
@@ -37,9 +39,7 @@ class NativeHead:
     buffers it writes: ids [V] int32, cdf [V] float64, out [4] float64, sized per row length."""
 
     def __init__(self, function):
-        import numpy as np
-
-        self._np, self._function = np, function
+        self._function = function
         self.ids = self.cdf = self.out = None
         self._pointers: tuple[int, int, int] | None = None
 
@@ -47,7 +47,6 @@ class NativeHead:
         """The head token, -1 (the draw fell in the tail) or -2 (the row is not finite);
         row: [V] float32, C-contiguous."""
         if self.ids is None or self.ids.shape[0] < row.shape[0]:
-            np = self._np
             self.ids = np.empty(row.shape[0], dtype=np.int32)
             self.cdf = np.empty(row.shape[0], dtype=np.float64)
             self.out = np.empty(4, dtype=np.float64)
@@ -62,6 +61,12 @@ def native_head() -> NativeHead | None:
     helper is off or cannot be built."""
     function = _library_function()
     return NativeHead(function) if function is not None else None
+
+
+def prepare() -> bool:
+    """Build (once per machine) and load the native call now, so that no request pays for it;
+    whether it is available."""
+    return _library_function() is not None
 
 
 @lru_cache(maxsize=1)

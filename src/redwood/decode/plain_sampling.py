@@ -107,15 +107,13 @@ class PlainSampler:
     def _native_for(self, row: np.ndarray):
         """The native call for this row, or None (off, unavailable, or a row it does not
         take: not float32 or not contiguous)."""
-        if self._native is False:
-            return None
-        if self._native is None:
+        if self._native is None:                  # looked up once: a NativeHead, or False
             from redwood.decode.native_sampling import native_head
 
-            self._native = native_head() if self.native else None
-            self._native = self._native if self._native is not None else False
-            return self._native_for(row)
-        return self._native if row.dtype == np.float32 and row.flags.c_contiguous else None
+            self._native = (native_head() if self.native else None) or False
+        if self._native and row.dtype == np.float32 and row.flags.c_contiguous:
+            return self._native
+        return None
 
 
 def _not_finite(row: np.ndarray) -> RedwoodError:

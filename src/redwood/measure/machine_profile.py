@@ -86,7 +86,7 @@ def key_digest(key: dict) -> str:
 
 
 def profile_dir(cache_dir=None) -> Path:
-    from redwood.models.shipped import cache_root
+    from redwood.cache_dirs import cache_root
 
     return cache_root(cache_dir) / "profiles"
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from redwood.cache_dirs import cache_root  # noqa: F401  (callers import it from here)
+from redwood.cache_dirs import cache_root
 from redwood.errors import RedwoodError
 from redwood.models.manifest import _CHUNK, _fsync_dir, _fsync_file, check_manifest, write_manifest
 

@@ -128,7 +128,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
     temperatures (every 2-core CPU measured so far), else the draft model; without a bundle,
     the draft model."""
     from redwood.backends.llamacpp_multi import MultiSeqContext
-    from redwood.decode.native_sampling import native_head
+    from redwood.decode.native_sampling import prepare as prepare_native
     from redwood.models.hf_loading import load_tokenizer
 
     if drafter not in ("model", "ngram", "auto"):
@@ -160,7 +160,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
                                    planner, acceptance_by_temperature(bundle), max_batch,
                                    prefix_cache=prefix_cache, cache_tokens=cache_tokens,
                                    lone_prefill_chunk=N_BATCH, ngram=ngram)
-        native_head()            # the plain sampler's C call built now, not in a request
+        prepare_native()         # the plain sampler's C call built now, not in a request
         return scheduler, load_tokenizer(tokenizer_source)
     except BaseException:
         for ctx in contexts:

@@ -43,7 +43,7 @@ def longest_common_suffix(a, b, limit):
 
 
 def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, max_length,
-                     max_match=32, near=None):
+                     max_match=32, near=None, prompt_end=None):
     """The definition of NgramIndex.candidates, by scanning the whole stream: occurrences
     chosen by n-gram (max_n down to min_n, the most recent first, plus every one ending in
     the `near` window), each one's match the common suffix of the text before it and the
@@ -62,29 +62,35 @@ def brute_candidates(tokens, min_n, max_n, max_occurrences, max_continuations, m
     for e, m in taken.items():
         follow = tuple(tokens[e + 1:e + 1 + max_length])
         is_near = bool(near) and near[0] <= e <= near[1]
-        match, count, recent, was_near = groups.get(follow, (0, 0, -1, False))
-        groups[follow] = [max(match, m), count + 1, max(recent, e), was_near or is_near]
+        own = prompt_end is not None and e >= prompt_end
+        match, count, recent, was_near, was_own = groups.get(follow, (0, 0, -1, False, True))
+        groups[follow] = [max(match, m), count + 1, max(recent, e), was_near or is_near,
+                          was_own and own]
     ranked = sorted(groups.items(), key=lambda kv: (-(kv[1][0] + NEAR_BONUS * kv[1][3]),
                                                     not kv[1][3], -kv[1][1], -kv[1][2]))
-    return [Continuation(follow, *stats) for follow, stats in ranked[:max_continuations]]
+    return [Continuation(follow, *stats[:4], own=stats[4])
+            for follow, stats in ranked[:max_continuations]]
 
 
 @settings(max_examples=150, deadline=None)
 @given(tokens=st.lists(st.integers(0, 3), max_size=40), min_n=st.integers(1, 3),
        extra=st.integers(0, 3), occurrences=st.integers(1, 5),
        continuations=st.integers(1, 6), length=st.integers(1, 6), longer=st.integers(0, 12),
-       near=st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 8))))
+       near=st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 8))),
+       prompt_end=st.one_of(st.none(), st.integers(0, 40)))
 def test_incremental_index_equals_brute_force(tokens, min_n, extra, occurrences, continuations,
-                                              length, longer, near):
+                                              length, longer, near, prompt_end):
     """Including a `near` window (lo, lo + width): its occurrences are considered however
-    old, and rank as NEAR_BONUS tokens longer."""
+    old, and rank as NEAR_BONUS tokens longer; and a prompt end, after which a continuation
+    all of whose occurrences lie is the answer's own."""
     max_n = min_n + extra
     index = NgramIndex(min_n, max_n, occurrences, max_match=max_n + longer)
+    index.prompt_end = prompt_end
     window = None if near is None else (near[0], near[0] + near[1])
     for i, token in enumerate(tokens):
         index.append(token)
         expected = brute_candidates(tokens[:i + 1], min_n, max_n, occurrences,
-                                    continuations, length, max_n + longer, window)
+                                    continuations, length, max_n + longer, window, prompt_end)
         assert index.candidates(continuations, length, window) == expected
 
 

@@ -7,7 +7,7 @@ import torch
 
 from redwood.decode.drafter import ChildChooser
 from redwood.decode.layout import TreeLayout
-from redwood.decode.ngram_acceptance import (DRAFT_OWN_TOKENS, DRAFT_PRIOR_TOKENS,
+from redwood.decode.ngram_acceptance import (DRAFT_OWN_TOKENS, DRAFT_PRIOR_TOKENS, MATCH_BUCKETS,
                                               LONG_DRAFT_TOKENS, AcceptanceModel,
                                               RequestEstimates)
 from redwood.decode.ngram_drafter import NgramDrafter
@@ -122,7 +122,7 @@ def test_a_pessimistic_ratio_recovers_from_what_undrafted_steps_would_have_kept(
     """The pooled ratio says drafts keep 3 % of their prediction, so the first steps of a
     verbatim copy stay plain; the shadows of those plain steps show every node kept, the
     request's ratio rises, and it drafts long chains again (no exploration trap)."""
-    model = AcceptanceModel(prior_rank1=(0.9,) * 10)
+    model = AcceptanceModel(prior_rank1=(0.9,) * MATCH_BUCKETS)
     pooled_kept(model, 0.0, predicted=2000.0)
     classes = (0.0, LONG_DRAFT_TOKENS)
     before = [model.draft_ratio(True, predicted) for predicted in classes]
@@ -143,9 +143,9 @@ def test_over_predicted_chains_shrink_the_drafts_that_follow():
                                                      a + 5000, a + 6000)] + [7]
     text = [t for a in range(200, 240) for t in (a, a + 1000, 9)]
     calibrated = copy_steps(NgramDrafter(target_ms=STEEP, model=AcceptanceModel(
-        prior_rank1=(0.9,) * 10)), prompt, text)
+        prior_rank1=(0.9,) * MATCH_BUCKETS)), prompt, text)
     uncalibrated = copy_steps(NgramDrafter(target_ms=STEEP, model=AcceptanceModel(
-        prior_rank1=(0.9,) * 10), learn=False), prompt, text)
+        prior_rank1=(0.9,) * MATCH_BUCKETS), learn=False), prompt, text)
     assert sum(n > 1 for n in uncalibrated[-20:]) >= 10
     assert sum(n > 2 for n in calibrated[-20:]) == 0
 
@@ -153,7 +153,7 @@ def test_over_predicted_chains_shrink_the_drafts_that_follow():
 def test_the_drafter_reports_the_ratio_it_would_apply():
     """None before its first lookup; then its request's ratio on the pool's, which a pool that
     learnt drafts keep a fifth of what they predict pulls below 1."""
-    model = AcceptanceModel(prior_rank1=(0.9,) * 10)
+    model = AcceptanceModel(prior_rank1=(0.9,) * MATCH_BUCKETS)
     pooled_kept(model, 0.2)
     drafter = NgramDrafter(target_ms=STEEP, model=model)
     assert drafter.draft_ratio() is None

@@ -18,14 +18,26 @@ from redwood.errors import RedwoodError
 # answers, a near-1 first node was kept 0.44 (chat), 0.51 (HumanEval), 0.67 (agent steps) and
 # 0.86 (whole-file edits) of the time, near matches of 2-7 tokens 0.75-1.0 (docs/design.md
 # §3.3). It comes last so that the indices stored in calibration files keep their meaning.
-MATCH_BUCKETS = 10
-MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+", "near", "edit", "near-1")
-NEAR_BUCKET, NEAR_BELOW, EDIT_BUCKET, NEAR1_BUCKET = 7, 8, 8, 9
+# "self-8+": a match of 8 or more tokens whose every occurrence lies in the answer itself (an
+# answer repeating its own list or code, not copying its prompt; ngram_index.Continuation.own).
+# The bundle's calibration comes from edits, where a long match copies the prompt and 32+ chains
+# are kept 0.99 even at T 0.6; replayed on recorded answers (2-core EPYC), a self-repetition's
+# node was kept 0.90 greedy (chat + HumanEval; agent steps 0.95) and 0.76-0.89 at T 0.6, and
+# its long chains break where a list item starts like the one before it. Before this bucket,
+# those chains drew the edit's 0.95-0.99: chat predicted 16 % (T 0) and 37 % (T 0.6) more
+# tokens per drafted step than it kept (docs/design.md §3.3).
+MATCH_BUCKETS = 11
+MATCH_LABELS = ("1", "2", "3", "4-7", "8-15", "16-31", "32+", "near", "edit", "near-1", "self-8+")
+NEAR_BUCKET, NEAR_BELOW, EDIT_BUCKET, NEAR1_BUCKET, SELF_BUCKET = 7, 8, 8, 9, 10
+SELF_FROM = 8                # the shortest match a self-repetition is told apart at
 DEPTH_BUCKETS = 6            # depths 1..5, 6+
 # Prior conditional acceptance of a rank-1 child by match-length bucket: short matches are a
 # coin flip, long ones usually repeat. Later siblings start at half (they are checked only
 # after the first was rejected).
-PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.8, 0.8, 0.6)
+PRIOR_RANK1 = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.8, 0.8, 0.6, 0.9)
+# A sampled answer repeats itself less faithfully than a greedy one (0.76-0.89 against 0.90 in
+# the replays above); 0.75 (against 0.8 and 0.9) brought chat's predicted / kept nearest 1.
+PRIOR_SELF_SAMPLED = 0.75
 PRIOR_LATER = 0.5
 PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 
@@ -46,6 +58,8 @@ def node_bucket(node: TrieNode) -> int:
         return EDIT_BUCKET
     if node.near and node.match < NEAR_BELOW:
         return NEAR1_BUCKET if node.match <= 1 else NEAR_BUCKET
+    if node.own and node.match >= SELF_FROM:
+        return SELF_BUCKET
     return match_bucket(node.match)
 
 
@@ -60,9 +74,15 @@ class AcceptanceModel:
     CALIBRATED_MIN = 8
 
     def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
-                 prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None):
+                 prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None,
+                 prior_self_sampled: float | None = PRIOR_SELF_SAMPLED):
+        """prior_rank1: by match bucket (greedy and sampled keys); prior_self_sampled: the
+        self-8+ bucket's for sampled keys instead (None: prior_rank1's)."""
         if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
             raise RedwoodError(f"prior_rank1 needs {MATCH_BUCKETS} probabilities in [0, 1]")
+        if prior_self_sampled is not None and not 0 <= prior_self_sampled <= 1:
+            raise RedwoodError("prior_self_sampled must be a probability in [0, 1]")
+        self.prior_self_sampled = prior_self_sampled
         self.prior_rank1, self.prior_later = tuple(prior_rank1), float(prior_later)
         self.prior_weight = float(prior_weight)
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
@@ -79,6 +99,8 @@ class AcceptanceModel:
         if key in self.calibrated:
             return self.calibrated[key]
         first = self.prior_rank1[key[1]]
+        if key[1] == SELF_BUCKET and not key[0] and self.prior_self_sampled is not None:
+            first = self.prior_self_sampled
         return first * self.prior_later if key[3] else first
 
     def rate(self, key: tuple) -> float:

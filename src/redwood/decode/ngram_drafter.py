@@ -145,6 +145,7 @@ class NgramDrafter:
         self.index = NgramIndex(**self.ngram)
         self.index.extend(torch.as_tensor(prompt_ids).reshape(-1).tolist())
         self._generated_from = len(self.index)                  # index.tokens[this:]: its output
+        self.index.prompt_end = self._generated_from
         self._finished, self._store_on_finish = False, bool(self.use_memory)
         self._last: tuple[list[TrieNode], bool] | None = None   # previous step's (trie, greedy)
         self._walks: list[list] = []           # [trie, greedy, node]: tries still on the text

@@ -34,7 +34,9 @@ class Continuation:
     start: the stream position of tokens[0] at that near occurrence, else at the most recent
         one (None for a memory's continuation: another stream). Not part of equality;
     edited_at: set on a continuation rewritten by an edit rule (decode/ngram_edits.py): the
-        index of its first changed token."""
+        index of its first changed token;
+    own: every occurrence it followed lies in the generated text (at or after the index's
+        `prompt_end`): the answer repeating itself, not copying its prompt."""
     tokens: tuple[int, ...]
     match: int
     count: int
@@ -42,6 +44,7 @@ class Continuation:
     near: bool = False
     start: int | None = field(default=None, compare=False)
     edited_at: int | None = None
+    own: bool = False
 
     def rank_key(self):
         """Sort key, best first: longer match (a near one counts NEAR_BONUS tokens longer,
@@ -76,6 +79,7 @@ class NgramIndex:
         self.positions: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)}
         self.entries = 0                  # positions stored in all: linear in len(tokens)
+        self.prompt_end: int | None = None  # where the generated text starts (None: unknown)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -124,7 +128,7 @@ class NgramIndex:
         if max_continuations < 1 or max_length < 1:
             return []
         return rank_continuations(self.tokens, self.occurrences(near), max_continuations,
-                                  max_length)
+                                  max_length, self.prompt_end)
 
 
 def _in_window(ends: list[int], near: tuple[int, int] | None, last: int) -> list[int]:
@@ -151,22 +155,27 @@ def common_suffix(stream, end: int, text, last: int, known: int, limit: int) -> 
     return m
 
 
-def rank_continuations(tokens, occurrences, max_continuations: int,
-                       max_length: int) -> list[Continuation]:
+def rank_continuations(tokens, occurrences, max_continuations: int, max_length: int,
+                       prompt_end: int | None = None) -> list[Continuation]:
     """Group occurrences [(end, match, near)] by what followed them; rank the groups. A
-    group's start is that of its near occurrence if it has one, else of its most recent."""
-    groups: dict[tuple[int, ...], list] = {}    # continuation -> [match, count, last, near, start]
+    group's start is that of its near occurrence if it has one, else of its most recent; it is
+    `own` when every occurrence ends at or after prompt_end (None: never)."""
+    # continuation -> [match, count, last, near, start, own]
+    groups: dict[tuple[int, ...], list] = {}
     for end, match, near in occurrences:
         follow = tuple(tokens[end + 1:end + 1 + max_length])
+        own = prompt_end is not None and end >= prompt_end
         stats = groups.get(follow)
         if stats is None:
-            groups[follow] = [match, 1, end, near, end + 1]
+            groups[follow] = [match, 1, end, near, end + 1, own]
             continue
         if near and not stats[3]:
             stats[3], stats[4] = True, end + 1
         elif not stats[3] and end + 1 > stats[4]:
             stats[4] = end + 1
         stats[0], stats[1], stats[2] = max(stats[0], match), stats[1] + 1, max(stats[2], end)
-    ranked = sorted((Continuation(follow, *stats) for follow, stats in groups.items()),
+        stats[5] = stats[5] and own
+    ranked = sorted((Continuation(follow, match, count, last, near, start, own=own)
+                     for follow, (match, count, last, near, start, own) in groups.items()),
                     key=Continuation.rank_key)
     return ranked[:max_continuations]

@@ -186,5 +186,6 @@ def merge_continuations(ours: list[Continuation], theirs: list[Continuation],
         merged[item.tokens] = item if seen is None else Continuation(
             item.tokens, max(seen.match, item.match), seen.count + item.count,
             max(seen.last, item.last), seen.near or item.near,
-            seen.start if seen.start is not None else item.start)
+            seen.start if seen.start is not None else item.start,
+            own=seen.own and item.own)
     return sorted(merged.values(), key=Continuation.rank_key)[:max_continuations]

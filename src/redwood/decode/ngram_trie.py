@@ -27,13 +27,14 @@ class TrieNode:
     rank order (grown on first read below a lazy chain's end)."""
 
     __slots__ = ("token", "parent", "depth", "rank", "match", "near", "edited", "order",
-                 "_children", "_rest")
+                 "own", "_children", "_rest")
 
     def __init__(self, token: int, parent: int, depth: int, rank: int, match: int,
                  children: list[int] | None = None, near: bool = False, edited: bool = False,
-                 order: int = 0):
+                 order: int = 0, own: bool = False):
         self.token, self.parent, self.depth, self.rank = token, parent, depth, rank
         self.match, self.near, self.edited, self.order = match, near, edited, order
+        self.own = own
         self._children = [] if children is None else children
         self._rest = None        # (trie, this node's id, tokens, next index, edited_at)
 
@@ -49,7 +50,7 @@ class TrieNode:
         self._rest = None
         new = len(trie)
         child = TrieNode(tokens[i], me, self.depth + 1, 1, self.match, [], self.near,
-                         edited_at == self.depth, self.order + 1)
+                         edited_at == self.depth, self.order + 1, self.own)
         if i + 1 < len(tokens):
             child._rest = (trie, new, tokens, i + 1, edited_at)
         trie.append(child)
@@ -85,13 +86,14 @@ def _add_chain(nodes: list[TrieNode], at: int, tokens, continuation: Continuatio
     """Append `tokens` below node `at` as a chain: the first a new last child of `at`, each
     next the only child of the one before; lazy: the first only, holding the rest."""
     match, near, edited_at = continuation.match, continuation.near, continuation.edited_at
+    own = continuation.own
     parent = nodes[at]
     depth, rank = parent.depth, len(parent.children) + 1
     for i, token in enumerate(tokens):
         new = len(nodes)
         parent.children.append(new)
         parent = TrieNode(token, at, depth + 1, rank, match, [], near, edited_at == depth,
-                          order + depth + 1)
+                          order + depth + 1, own)
         nodes.append(parent)
         if lazy and i + 1 < len(tokens):
             parent._rest = (nodes, new, tokens, i + 1, edited_at)

@@ -94,6 +94,20 @@ def test_incremental_index_equals_brute_force(tokens, min_n, extra, occurrences,
         assert index.candidates(continuations, length, window) == expected
 
 
+def test_occurrences_are_reused_only_for_the_same_length_and_window():
+    """The copy tracker and the lookup ask for the same suffix's occurrences in one step
+    (one scan); another window or a longer text scans again."""
+    tokens = [1, 2, 3, 9, 1, 2, 3, 8, 5, 1, 2, 3, 7, 1, 2, 3]
+    index = NgramIndex(1, 3, 1)
+    index.extend(tokens)
+    first = index.occurrences()
+    assert index.occurrences() is first
+    assert index.candidates(4, 2, (2, 3)) == brute_candidates(tokens, 1, 3, 1, 4, 2, near=(2, 3))
+    assert index.candidates(4, 2) == brute_candidates(tokens, 1, 3, 1, 4, 2)
+    index.append(9)
+    assert index.candidates(4, 2) == brute_candidates(tokens + [9], 1, 3, 1, 4, 2)
+
+
 def test_match_lengths_extend_past_the_indexed_ngrams():
     """A 20-token repeat is a 20-token match although only 6-grams are indexed."""
     text = list(range(10, 30)) + [7] + list(range(10, 30))

@@ -80,6 +80,9 @@ class NgramIndex:
             n: {} for n in range(min_n, max_n + 1)}
         self.entries = 0                  # positions stored in all: linear in len(tokens)
         self.prompt_end: int | None = None  # where the generated text starts (None: unknown)
+        # occurrences()'s last ((length, near), result): the copy tracker and the lookup ask
+        # for the same suffix's in one step (a plain chat step paid the scan twice)
+        self._memo: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -103,7 +106,11 @@ class NgramIndex:
 
         near = (lo, hi): occurrences ending in lo..hi are considered too, however old (an
         edit's copy resumes there after a rename or an insertion, while a common n-gram has
-        hundreds of more recent occurrences elsewhere), and flagged as near."""
+        hundreds of more recent occurrences elsewhere), and flagged as near. The list is
+        shared with the next caller at the same length and window: do not change it."""
+        key = (len(self.tokens), near)
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
         tokens, last = self.tokens, len(self.tokens) - 1
         taken: set[int] = set()
         found = []
@@ -117,6 +124,7 @@ class NgramIndex:
                     found.append((end, common_suffix(tokens, end, tokens, last, n,
                                                      self.max_match),
                                   near is not None and near[0] <= end <= near[1]))
+        self._memo = (key, found)
         return found
 
     def candidates(self, max_continuations: int, max_length: int,

@@ -23,8 +23,9 @@ class TrieNode:
     siblings; match: the match length of the best continuation through it; near: that
     continuation is near the copy's source; edited: this token is the first one an edit rule
     changed in that continuation (where the rule may not hold); order: where the eager build
-    inserts it (ties between equal values go to the smaller). children: the child node ids in
-    rank order (grown on first read below a lazy chain's end)."""
+    inserts it (ties between equal values go to the smaller); own: that continuation occurred
+    only in the answer itself (Continuation.own). children: the child node ids in rank order
+    (grown on first read below a lazy chain's end)."""
 
     __slots__ = ("token", "parent", "depth", "rank", "match", "near", "edited", "order",
                  "own", "_children", "_rest")

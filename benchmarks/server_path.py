@@ -5,6 +5,7 @@ SSE chunks, the HTTP response.
 
     python benchmarks/server_path.py                                  # chat, T 0, default drafter
     python benchmarks/server_path.py --temperature 0.6 --prompts 3 --repeats 3
+    python benchmarks/server_path.py --no-stream          # whole answers, as `redwood bench` asks
 
 The server runs in this process (the default `serve` configuration: batched, prompt lookup,
 prefix cache; its memory of earlier answers off unless --ngram-memory) under uvicorn on 127.0.0.1, with `llama_decode` timed;
@@ -62,6 +63,9 @@ def main(argv=None) -> int:
                              "copying its last answer")
     parser.add_argument("--stream-interval", type=float, default=None, metavar="SECONDS",
                         help="the server's --stream-interval (default: serve's)")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="ask for whole answers (stream false), as `redwood bench` does: "
+                             "no text is posted while the request runs")
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
     rows = measure(args)
@@ -90,7 +94,7 @@ def measure(args) -> list[dict]:
     prompts = [ids.tolist() for ids in prompt_ids(tokenizer, args)]
     order = [(r, i) for r in range(args.repeats) for i in range(len(prompts))]
     bodies = [body(prompts[0][:8], 0.0, 0, 4)] + [
-        body(prompts[i], args.temperature, r, args.tokens) for r, i in order]
+        body(prompts[i], args.temperature, r, args.tokens, not args.no_stream) for r, i in order]
     try:
         out = subprocess.run([sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}"],
                              input=json.dumps(bodies), capture_output=True, text=True,
@@ -103,10 +107,10 @@ def measure(args) -> list[dict]:
             for (r, i), reply in zip(order, replies)]
 
 
-def body(ids, temperature: float, seed: int, tokens: int) -> dict:
+def body(ids, temperature: float, seed: int, tokens: int, stream: bool = True) -> dict:
     from redwood.bench.server_bench import request_body
 
-    return request_body(ids, temperature, seed, tokens, True)
+    return request_body(ids, temperature, seed, tokens, stream)
 
 
 def row(repeat: int, prompt: int, reply: dict, spans: list, prompt_len: int,
@@ -135,18 +139,20 @@ def write(args, rows: list) -> None:
 
     share = [r["outside_ms"] / r["wall_ms"] for r in rows]
     doc = {"cpu": cpu_description(), "tokens": args.tokens, "drafter": args.drafter,
-           "stream_interval": args.stream_interval,
+           "stream_interval": args.stream_interval, "stream": not args.no_stream,
            "prompt_set": args.prompt_set, "temperature": args.temperature, "rows": rows,
            "outside_share_median": statistics.median(share), "outside_share_max": max(share),
            "outside_ms_median": statistics.median(r["outside_ms"] for r in rows),
            "decode_ms_median": statistics.median(r["decode_ms"] for r in rows),
            "step_ms_median": statistics.median(r["wall_ms"] for r in rows)}
     doc["cpu"].pop("flags")
-    out = Path(args.out_dir) / (f"server-path-{args.drafter}-{args.prompt_set}-"
+    mode = "-whole" if args.no_stream else ""
+    out = Path(args.out_dir) / (f"server-path-{args.drafter}{mode}-{args.prompt_set}-"
                                 f"T{args.temperature:g}-{datetime.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"outside llama_decode (server, client in another process): median "
+    print(f"outside llama_decode (server, {'whole answers' if args.no_stream else 'streamed'}, "
+          f"client in another process): median "
           f"{100 * doc['outside_share_median']:.2f} % of a step ({doc['outside_ms_median']:.3f} "
           f"of {doc['step_ms_median']:.2f} ms; llama_decode {doc['decode_ms_median']:.2f} ms), "
           f"max {100 * doc['outside_share_max']:.2f} %; wrote {out}")

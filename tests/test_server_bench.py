@@ -295,6 +295,65 @@ def test_an_interrupted_run_keeps_the_prompts_every_method_answered():
 
 
 @pytest.mark.parametrize("fresh", [False, True])
+def test_fresh_rounds_start_the_servers_afresh_for_each_temperature(monkeypatch, tmp_path, fresh):
+    """Two temperatures in a round: with --fresh-rounds each (round, temperature) gets servers
+    of its own, so no request at T 0.6 runs on a server that answered the same prompt at T 0;
+    the records keep the order of one long run (round, then temperature, then prompt)."""
+    from redwood.bench import server_run
+
+    started, stubs = [], []
+
+    class Started:
+        def __init__(self, url):
+            self.url = url
+
+        def pause(self):
+            pass
+
+        def resume(self):
+            pass
+
+    def start(methods, setup, log_dir):
+        out = {}
+        for m in methods:
+            server, url = serve_in_thread(0.0, tokens=3)
+            stubs.append(server)
+            out[m.name] = Started(url)
+        started.append(len(stubs))
+        return out
+
+    seen = []
+    real_run = server_run.run_requests
+
+    def run(config, prompts, urls, **kwargs):
+        seen.append((tuple(kwargs["rounds"]), tuple(kwargs["temperatures"])))
+        return real_run(config, prompts, urls, **kwargs)
+
+    monkeypatch.setattr(server_run, "start_servers", start)
+    monkeypatch.setattr(server_run, "stop_servers", lambda servers: None)
+    monkeypatch.setattr(server_run, "run_requests", run)
+    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
+               for i in range(2)]
+    config = ServerBenchConfig(methods=["redwood"], rounds=2, max_tokens=3,
+                               temperatures=(0.0, 0.6), fresh_rounds=fresh)
+    try:
+        records = server_run.measure(config, check_methods(config.methods), SETUP, prompts,
+                                     tmp_path)
+    finally:
+        for server in stubs:
+            server.shutdown()
+    if fresh:
+        assert seen == [((0,), (0.0,)), ((0,), (0.6,)), ((1,), (0.0,)), ((1,), (0.6,))]
+    else:
+        assert seen == [((0, 1), (0.0, 0.6))]
+    assert [(r.round, r.temperature) for r in records] == [
+        (r, t) for r in range(2) for t in (0.0, 0.6) for _ in range(4)]
+    notes = server_run.run_notes(config)
+    assert (notes == []) == fresh
+    assert not server_run.run_notes(ServerBenchConfig(methods=["redwood"], temperatures=(0.6,)))
+
+
+@pytest.mark.parametrize("fresh", [False, True])
 def test_fresh_rounds_start_every_server_before_each_round(monkeypatch, tmp_path, fresh):
     """--fresh-rounds: each round runs on servers started for it (so none carries what it
     learnt into the next round); without it the servers start once. Records keep their round

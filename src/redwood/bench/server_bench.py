@@ -38,10 +38,10 @@ class ServerBenchConfig:
     # keep each server's prompt cache (as agents and chat UIs run): a request reuses what the
     # server's previous request shares with it; off, every request evaluates its whole prompt
     cache_prompt: bool = False
-    # start every server afresh before each round: nothing a server learnt in one round (redwood's
-    # memory of earlier answers, ngram-mod's hash pool, prompt caches) reaches the next, so each
-    # round is every server's first sight of the prompts and a per-prompt minimum over rounds
-    # measures first sight, not a repeated request
+    # start every server afresh before each round and each temperature: nothing a server learnt
+    # in one (redwood's memory of earlier answers, ngram-mod's hash pool, prompt caches) reaches
+    # the next, so each is every server's first sight of the prompts and a per-prompt minimum
+    # over rounds measures first sight, not a repeated request
     fresh_rounds: bool = False
     out_dir: str = "benchmarks/results"
     machine: str | None = None
@@ -117,25 +117,28 @@ def stop_servers(servers: dict) -> None:
 
 def run_requests(config: ServerBenchConfig, prompts, urls: dict[str, str],
                  progress=print, servers: dict | None = None,
-                 rounds: range | None = None) -> list[Record]:
-    """Every round (of `rounds`, default all) x temperature x prompt x method, methods rotating
-    per prompt; a warm-up request per server first (untimed). Interrupted (Ctrl-C), it returns
-    the records of the prompts every method answered, so a long run cut short still reports
-    them. servers: {name: ServerProcess} to pause while another answers (None: nothing paused,
-    e.g. servers this process does not own)."""
+                 rounds: range | None = None,
+                 temperatures: tuple[float, ...] | None = None) -> list[Record]:
+    """Every round (of `rounds`, default all) x temperature (of `temperatures`, default all)
+    x prompt x method, methods rotating per prompt; a warm-up request per server first
+    (untimed). Interrupted (Ctrl-C), it returns the records of the prompts every method
+    answered, so a long run cut short still reports them. servers: {name: ServerProcess} to
+    pause while another answers (None: nothing paused, e.g. servers this process does not
+    own)."""
     names = list(urls)
     servers = servers or {}
     rounds = range(config.rounds) if rounds is None else rounds
+    temperatures = tuple(config.temperatures) if temperatures is None else tuple(temperatures)
     if not prompts:
         raise RedwoodError("no prompts to run")
     for name in names:                                          # untimed warm-up
         complete(urls[name], request_body(prompts[0].ids[:16], 0.0, 0, 4, False))
     records: list[Record] = []
-    total = len(rounds) * len(config.temperatures) * len(prompts) * len(names)
+    total = len(rounds) * len(temperatures) * len(prompts) * len(names)
     start = time.perf_counter()
     try:                    # Ctrl-C keeps what was measured (whole prompts only)
         for r in rounds:
-            for temperature in config.temperatures:
+            for temperature in temperatures:
                 for i, prompt in enumerate(prompts):
                     body = request_body(prompt.ids, temperature, config.seed + i, config.max_tokens,
                                         config.stream, config.cache_prompt)

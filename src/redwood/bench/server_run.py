@@ -93,7 +93,8 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
     log_dir = Path(config.log_dir) if config.log_dir else out_dir / "server-logs"
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     records = measure(config, methods, setup, prompts, log_dir)
-    doc = summarise(config, methods, records, setup, describe_sets(prompts), notes)
+    doc = summarise(config, methods, records, setup, describe_sets(prompts),
+                    notes + run_notes(config))
     doc.update(command=command_line, started=started, finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     return write(config, doc, records)
 
@@ -101,21 +102,35 @@ def run_servers_command(config: ServerBenchConfig, llama_server: str | None = No
 def measure(config: ServerBenchConfig, methods, setup: ServerSetup, prompts,
             log_dir: Path) -> list:
     """Every round's records: the servers started once, or (config.fresh_rounds) afresh before
-    each round. A round cut short by Ctrl-C ends the run with what every method answered."""
-    chunks = [range(r, r + 1) for r in range(config.rounds)] if config.fresh_rounds \
-        else [range(config.rounds)]
+    each round and each temperature in it, so a prompt's request at one temperature never finds
+    its answer at another in a server's memory. A round cut short by Ctrl-C ends the run with
+    what every method answered."""
+    temperatures = tuple(config.temperatures)
+    chunks = [(range(r, r + 1), (t,)) for r in range(config.rounds) for t in temperatures] \
+        if config.fresh_rounds else [(range(config.rounds), temperatures)]
     records: list = []
-    for rounds in chunks:
+    for rounds, temps in chunks:
         servers = start_servers(methods, setup, log_dir)
         try:
             got = run_requests(config, prompts, {name: s.url for name, s in servers.items()},
-                               servers=servers, rounds=rounds)
+                               servers=servers, rounds=rounds, temperatures=temps)
         finally:
             stop_servers(servers)
         records += got
-        if len(got) < len(rounds) * len(config.temperatures) * len(prompts) * len(methods):
+        if len(got) < len(rounds) * len(temps) * len(prompts) * len(methods):
             break                                       # interrupted: keep what was measured
     return records
+
+
+def run_notes(config: ServerBenchConfig) -> list[str]:
+    """What the report must say about how the run was ordered."""
+    if len(config.temperatures) > 1 and not config.fresh_rounds:
+        return ["each round asked every prompt at every temperature on the same servers, in "
+                "the order given: a server that learns across requests (redwood's memory of "
+                "earlier answers, ngram-mod's pool) answered a prompt's later temperatures "
+                "having seen its answer at the earlier ones; --fresh-rounds starts the servers "
+                "afresh for each temperature"]
+    return []
 
 
 def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> dict:

@@ -364,10 +364,10 @@ def _add_bench(sub):
                    "prefix it shares with that server's previous one, as agent loops do); "
                    "default: every request evaluates its whole prompt")
     p.add_argument("--fresh-rounds", action="store_true",
-                   help="--servers: start every server afresh before each round, so no round "
-                   "sees what a server learnt in an earlier one (redwood's memory of earlier "
-                   "answers, ngram-mod's pool, prompt caches): the per-prompt minimum over "
-                   "rounds is then each prompt's best first sight")
+                   help="--servers: start every server afresh before each round (and each "
+                   "temperature in it), so no request sees what a server learnt from another "
+                   "(redwood's memory of earlier answers, ngram-mod's pool, prompt caches): the "
+                   "per-prompt minimum over rounds is then each prompt's best first sight")
     p.set_defaults(func=_cmd_bench)
 
 

@@ -294,6 +294,43 @@ def test_an_interrupted_run_keeps_the_prompts_every_method_answered():
     assert "interrupted: keeping the 2 prompts" in lines[-1]
 
 
+class StartedStub:
+    """A started server as measure() uses one: its url; pausing does nothing."""
+
+    def __init__(self, url):
+        self.url = url
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+
+def stub_servers(methods, stubs: list) -> dict:
+    """start_servers' stand-in: a stub OpenAI server per method (kept in `stubs` to shut)."""
+    out = {}
+    for m in methods:
+        server, url = serve_in_thread(0.0, tokens=3)
+        stubs.append(server)
+        out[m.name] = StartedStub(url)
+    return out
+
+
+def measure_two_prompts(config, stubs: list, tmp_path) -> list:
+    """server_run.measure over two short chat prompts; the stub servers shut afterwards."""
+    from redwood.bench import server_run
+
+    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
+               for i in range(2)]
+    try:
+        return server_run.measure(config, check_methods(config.methods), SETUP, prompts,
+                                  tmp_path)
+    finally:
+        for server in stubs:
+            server.shutdown()
+
+
 @pytest.mark.parametrize("fresh", [False, True])
 def test_fresh_rounds_start_the_servers_afresh_for_each_temperature(monkeypatch, tmp_path, fresh):
     """Two temperatures in a round: with --fresh-rounds each (round, temperature) gets servers
@@ -301,26 +338,10 @@ def test_fresh_rounds_start_the_servers_afresh_for_each_temperature(monkeypatch,
     the records keep the order of one long run (round, then temperature, then prompt)."""
     from redwood.bench import server_run
 
-    started, stubs = [], []
-
-    class Started:
-        def __init__(self, url):
-            self.url = url
-
-        def pause(self):
-            pass
-
-        def resume(self):
-            pass
+    stubs = []
 
     def start(methods, setup, log_dir):
-        out = {}
-        for m in methods:
-            server, url = serve_in_thread(0.0, tokens=3)
-            stubs.append(server)
-            out[m.name] = Started(url)
-        started.append(len(stubs))
-        return out
+        return stub_servers(methods, stubs)
 
     seen = []
     real_run = server_run.run_requests
@@ -332,16 +353,9 @@ def test_fresh_rounds_start_the_servers_afresh_for_each_temperature(monkeypatch,
     monkeypatch.setattr(server_run, "start_servers", start)
     monkeypatch.setattr(server_run, "stop_servers", lambda servers: None)
     monkeypatch.setattr(server_run, "run_requests", run)
-    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
-               for i in range(2)]
     config = ServerBenchConfig(methods=["redwood"], rounds=2, max_tokens=3,
                                temperatures=(0.0, 0.6), fresh_rounds=fresh)
-    try:
-        records = server_run.measure(config, check_methods(config.methods), SETUP, prompts,
-                                     tmp_path)
-    finally:
-        for server in stubs:
-            server.shutdown()
+    records = measure_two_prompts(config, stubs, tmp_path)
     if fresh:
         assert seen == [((0,), (0.0,)), ((0,), (0.6,)), ((1,), (0.0,)), ((1,), (0.6,))]
     else:
@@ -362,36 +376,14 @@ def test_fresh_rounds_start_every_server_before_each_round(monkeypatch, tmp_path
 
     starts, stops, stubs = [], [], []
 
-    class Started:
-        def __init__(self, url):
-            self.url = url
-
-        def pause(self):
-            pass
-
-        def resume(self):
-            pass
-
     def start(methods, setup, log_dir):
         starts.append([m.name for m in methods])
-        out = {}
-        for m in methods:
-            server, url = serve_in_thread(0.0, tokens=3)
-            stubs.append(server)
-            out[m.name] = Started(url)
-        return out
+        return stub_servers(methods, stubs)
 
     monkeypatch.setattr(server_run, "start_servers", start)
     monkeypatch.setattr(server_run, "stop_servers", lambda servers: stops.append(list(servers)))
-    prompts = [BenchPrompt("chat", f"chat-{i}", torch.tensor([5, 6, 7 + i]), "chat")
-               for i in range(2)]
     config = ServerBenchConfig(methods=["redwood"], rounds=3, max_tokens=3, fresh_rounds=fresh)
-    try:
-        records = server_run.measure(config, check_methods(config.methods), SETUP, prompts,
-                                     tmp_path)
-    finally:
-        for server in stubs:
-            server.shutdown()
+    records = measure_two_prompts(config, stubs, tmp_path)
     assert len(starts) == len(stops) == (3 if fresh else 1)
     assert starts[0] == ["llama-server", "redwood"]
     assert [r.round for r in records] == [r for r in range(3) for _ in range(4)]

@@ -67,6 +67,9 @@ def main(argv=None) -> int:
                         help="ask for whole answers (stream false), as `redwood bench` does: "
                              "no text is posted while the request runs")
     parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--label", default="", metavar="NAME",
+                        help="put NAME in the result file's name (e.g. the machine: runs on two "
+                             "CPUs the same day would otherwise share one file)")
     args = parser.parse_args(argv)
     rows = measure(args)
     write(args, rows)
@@ -147,7 +150,8 @@ def write(args, rows: list) -> None:
            "step_ms_median": statistics.median(r["wall_ms"] for r in rows)}
     doc["cpu"].pop("flags")
     mode = "-whole" if args.no_stream else ""
-    out = Path(args.out_dir) / (f"server-path-{args.drafter}{mode}-{args.prompt_set}-"
+    label = f"{args.label}-" if args.label else ""
+    out = Path(args.out_dir) / (f"server-path-{label}{args.drafter}{mode}-{args.prompt_set}-"
                                 f"T{args.temperature:g}-{datetime.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from redwood.bench.prompt_sets import PROMPT_SETS, check_prompt_sets, load_prompt_sets
-from redwood.chat_prompts import CHAT_PROMPTS, chat_prompts
+from redwood.chat_prompts import (CALIBRATION_COUNT, CHAT_PROMPTS, chat_calibration_prompts,
+                                  chat_prompts)
 from redwood.cli.main import main
 from redwood.errors import RedwoodError
 
@@ -58,7 +59,8 @@ def test_prompt_set_loads_without_a_chat_template():
 def test_prompt_set_is_encoded_with_the_chat_template(shipped_tokenizer):
     pair = SimpleNamespace(tokenizer=shipped_tokenizer)
     prompts, notes = load_prompt_sets(pair, ["chat"], 24)
-    assert len(prompts) == 24 and notes == []
+    assert len(prompts) == 24 and len(notes) == 1 and "calibration split" in notes[0]
+    assert load_prompt_sets(pair, ["chat"], 12)[1] == []
     for prompt, (_, text) in zip(prompts, CHAT_PROMPTS):
         assert prompt.encoding == "chat" and prompt.ids.dtype == torch.long
         decoded = shipped_tokenizer.decode(prompt.ids)
@@ -75,3 +77,17 @@ def test_cli_bench_runs_the_chat_set(tmp_path):
     doc = json.loads(summary.read_text())
     assert doc["prompt_sets"]["chat"]["prompts"] == 2
     assert {r["prompt_set"] for r in doc["summary"]} == {"chat"}
+
+
+def test_the_calibration_split_is_the_last_prompts_and_loads_in_the_chat_template(
+        shipped_tokenizer):
+    from redwood.measure.calibrate import calibration_prompts
+
+    texts = chat_calibration_prompts()
+    assert len(texts) == CALIBRATION_COUNT <= len(CHAT_PROMPTS) - 10     # the bench's usual 10
+    assert texts == [text for _, text in CHAT_PROMPTS[-CALIBRATION_COUNT:]]
+    ids, label = calibration_prompts(shipped_tokenizer, "chat", 3)
+    assert len(ids) == 3 and "chat calibration split" in label and "chat template" in label
+    assert f"chat-{len(CHAT_PROMPTS) - CALIBRATION_COUNT}.." in label
+    decoded = shipped_tokenizer.decode(ids[0])
+    assert "<|im_start|>user\n" + texts[0] in decoded

@@ -112,3 +112,43 @@ def test_cli_tune_hybrid_records_the_ngram_calibration(tmp_path, capsys):
     model = acceptance_model(bundle)
     assert model.calibrated == {k: a / t for k, (a, t) in calibration.counts.items()
                                 if t >= AcceptanceModel.CALIBRATED_MIN}
+
+
+def test_cli_calibrate_ngram_adds_its_counts_to_a_bundle(tmp_path, capsys):
+    """--add-to: the bundle's n-gram priors become the sum of its old counts and the run's,
+    both datasets and commands kept, and the bundle index points at the file."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text(json.dumps({"kind": "bundle"}))
+    old = NgramCalibration({(True, 0, 0, False): [3.0, 10.0]}, [0.0],
+                           {"dataset": "old text", "command": "old run", "prompts": 5,
+                            "tokens": 100})
+    old.save(bundle / "ngram-acceptance.json")
+    out = tmp_path / "run.json"
+    assert main(["calibrate", "--quick", "--drafter", "ngram", "--temperature", "0",
+                 "--num-prompts", "2", "--max-new-tokens", "16", "--out", str(out),
+                 "--add-to", str(bundle)]) == 0
+    run = NgramCalibration.load(out)
+    merged = NgramCalibration.load(bundle / "ngram-acceptance.json")
+    keys = set(run.counts) | {(True, 0, 0, False)}
+    assert set(merged.counts) == keys
+    for key in keys:
+        want = [a + b for a, b in zip(run.counts.get(key, [0.0, 0.0]),
+                                      old.counts.get(key, [0.0, 0.0]))]
+        assert merged.counts[key] == want
+    assert merged.extra["dataset"].startswith("old text; ")
+    assert merged.extra["command"].startswith("old run; redwood calibrate")
+    assert "--add-to" in merged.extra["command"]
+    assert merged.extra["prompts"] == 7 and merged.extra["tokens"] == 100 + run.extra["tokens"]
+    assert json.loads((bundle / "bundle.json").read_text())["ngram_acceptance"] == \
+        "ngram-acceptance.json"
+
+
+def test_cli_calibrate_add_to_is_checked_before_decoding(tmp_path, capsys):
+    assert main(["calibrate", "--quick", "--drafter", "ngram", "--out", str(tmp_path / "a.json"),
+                 "--add-to", str(tmp_path)]) == 2
+    assert "not a bundle directory" in capsys.readouterr().err
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "a.json"),
+                 "--add-to", str(tmp_path)]) == 2
+    assert "add --drafter ngram" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()

@@ -5,6 +5,10 @@ copies the prompt; these measure the opposite case, free-form answers with littl
 creative writing, explanation, reasoning, arithmetic, advice and summarising a paragraph
 given in the prompt. Written for redwood (no download), fixed text and order, so prompt i is
 the same on every run; each is one user message, encoded with the chat template.
+
+The last CALIBRATION_COUNT prompts are also the n-gram drafter's chat calibration split
+(`redwood calibrate --drafter ngram --prompts chat`, measure/calibrate.py): a bench of at most
+len(CHAT_PROMPTS) - CALIBRATION_COUNT chat prompts never runs a prompt its priors came from.
 """
 from __future__ import annotations
 
@@ -76,6 +80,14 @@ CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
     ("summarise", f"Explain the main idea of this paragraph to a child, in three short "
                   f"sentences:\n\n{_PARAGRAPH_TIDES}"),
 )
+
+
+CALIBRATION_COUNT = 12
+
+
+def chat_calibration_prompts() -> list[str]:
+    """The user messages of the calibration split: the last CALIBRATION_COUNT prompts."""
+    return [text for _, text in CHAT_PROMPTS[-CALIBRATION_COUNT:]]
 
 
 def chat_prompts(count: int | None = None) -> list[tuple[str, str, str]]:

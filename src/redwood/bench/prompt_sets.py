@@ -70,6 +70,11 @@ def load_prompt_sets(pair, sets, count: int) -> tuple[list[BenchPrompt], list[st
             prompts.append(BenchPrompt(name, prompt_name,
                                        encode_prompt(pair.tokenizer, text, chat=chat),
                                        "chat" if chat else "raw"))
+        if name == "chat" and count > _chat_evaluation_count():
+            notes.append(f"prompt set chat: prompts from chat-{_chat_evaluation_count()} on are "
+                         "also the n-gram drafter's calibration split (its shipped priors came "
+                         "from them): run at most "
+                         f"{_chat_evaluation_count()} for prompts it has not seen")
         if not chat:
             notes.append(f"prompt set {name}: the tokenizer has no chat template, so each "
                          "request was encoded as raw text (the user message alone, no template)")
@@ -89,6 +94,12 @@ def _user_messages(name: str, count: int) -> list[tuple[str, str]]:
     from redwood.edit_tasks import edit_tasks
 
     return [(task.name, task.prompt) for task in edit_tasks(name, count)]
+
+
+def _chat_evaluation_count() -> int:
+    from redwood.chat_prompts import CALIBRATION_COUNT, CHAT_PROMPTS
+
+    return len(CHAT_PROMPTS) - CALIBRATION_COUNT
 
 
 def describe_sets(prompts: list[BenchPrompt]) -> dict[str, dict]:

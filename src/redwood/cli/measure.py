@@ -102,9 +102,11 @@ def _add_calibration_args(p, num_prompts):
                    "(specinfer) replacement")
     p.add_argument("--width", type=int, default=None,
                    help="children of the star = length of p (default 16; --quick 8)")
-    p.add_argument("--prompts", default="humaneval", metavar="humaneval|edits|FILE.jsonl",
+    p.add_argument("--prompts", default="humaneval",
+                   metavar="humaneval|edits|chat|FILE.jsonl",
                    help="the HumanEval calibration split (default), its edit tasks (edits: "
-                   "input-grounded, for --drafter ngram) or a JSONL file of "
+                   "input-grounded, for --drafter ngram), the chat set's calibration split "
+                   "(chat: free-form answers) or a JSONL file of "
                    '{"prompt": ...} lines')
     p.add_argument("--num-prompts", type=int, default=None,
                    help=f"use the first N prompts (default {num_prompts})")
@@ -119,7 +121,7 @@ def _given(value, default):
 
 def _prompt_source_check(args):
     """A malformed prompt file fails before minutes of model loading."""
-    if args.prompts not in ("humaneval", "edits"):
+    if args.prompts not in ("humaneval", "edits", "chat"):
         from redwood.prompts import read_prompt_file
 
         read_prompt_file(args.prompts)
@@ -138,6 +140,9 @@ def _add_calibrate(sub):
     _add_calibration_args(p, num_prompts=16)
     p.add_argument("--out", required=True, metavar="A.json", help="write the vector here")
     p.add_argument("--plot", metavar="F.png", help="also draw the vector")
+    p.add_argument("--add-to", metavar="BUNDLE", default=None,
+                   help="with --drafter ngram: also add these counts to the bundle "
+                   "directory's n-gram calibration (its priors: more text, same keys)")
     _add_quick(p)
     p.set_defaults(func=_cmd_calibrate)
 
@@ -157,10 +162,15 @@ def _cmd_calibrate(args):
     _writable_file(args.out, "--out")
     if args.plot:
         _writable_file(args.plot, "--plot")
+    if args.add_to is not None and args.drafter != "ngram":
+        raise RedwoodError("--add-to adds n-gram counts to a bundle: add --drafter ngram")
     if args.drafter == "ngram":
-        from redwood.cli.ngram_measure import cmd_calibrate_ngram
+        from redwood.cli.ngram_measure import check_bundle_dir, cmd_calibrate_ngram
 
-        return cmd_calibrate_ngram(args, max_new)
+        if args.add_to is not None:
+            check_bundle_dir(args.add_to)
+
+        return cmd_calibrate_ngram(args, max_new, _command_line(args))
     if args.prompts == "edits":
         raise RedwoodError("--prompts edits calibrates the n-gram drafter: add --drafter ngram")
     pair = load_models(_model_config(args), quick=args.quick)

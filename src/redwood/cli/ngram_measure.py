@@ -39,7 +39,7 @@ def summary_lines(calibration) -> list[str]:
     return lines
 
 
-def cmd_calibrate_ngram(args, max_new: int) -> int:
+def cmd_calibrate_ngram(args, max_new: int, command: str = "") -> int:
     from redwood.cli.options import _model_config
     from redwood.measure.ngram_calibration import calibrate_ngram
     from redwood.measure.tune import load_models
@@ -48,12 +48,52 @@ def cmd_calibrate_ngram(args, max_new: int) -> int:
     prompts, dataset = ngram_prompts(pair, args.prompts, args.num_prompts, args.quick)
     calibration = calibrate_ngram(pair.target, prompts, args.temperature, max_new, args.seed,
                                   dataset=dataset)
+    calibration.extra["command"] = command
     for line in summary_lines(calibration):
         print(line)
     calibration.save(args.out)
     print(f"wrote {args.out} ({calibration.extra['tokens']} tokens, "
           f"{calibration.extra['seconds']:.0f} s)")
+    if args.add_to is not None:
+        merge_into_bundle(calibration, Path(args.add_to))
     return 0
+
+
+def check_bundle_dir(directory) -> None:
+    """--add-to names a bundle directory (checked before minutes of decoding)."""
+    if not (Path(directory) / "bundle.json").is_file():
+        raise RedwoodError(f"--add-to {directory}: not a bundle directory (no bundle.json); "
+                           f"give one written by `redwood tune`")
+
+
+def merge_into_bundle(calibration, directory: Path) -> None:
+    """Add `calibration`'s counts to the bundle's n-gram calibration (created when it has
+    none), its datasets listed one after another, and point the bundle index at it."""
+    from redwood.measure.ngram_calibration import NgramCalibration
+
+    path = directory / NGRAM_FILE
+    merged = calibration
+    if path.is_file():
+        old = NgramCalibration.load(path)
+        merged = old.merged(calibration)
+        for key in ("dataset", "command"):       # what made each part, one after another
+            parts = [part.extra.get(key) for part in (old, calibration)]
+            merged.extra[key] = "; ".join(p for p in parts if p)
+        merged.extra["prompts"] = sum(part.extra.get("prompts", 0) for part in (old, calibration))
+    merged.save(path)
+    _point_index_at(directory)
+    print(f"n-gram calibration of {directory}: now {merged.extra.get('tokens', 0)} tokens",
+          file=sys.stderr)
+
+
+def _point_index_at(directory: Path) -> None:
+    index_path = directory / "bundle.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RedwoodError(f"{index_path}: cannot update the bundle index ({exc})") from None
+    index["ngram_acceptance"] = NGRAM_FILE
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
 
 
 def add_to_bundle(args, pair, directory: Path, temperatures, max_new: int) -> None:
@@ -70,12 +110,6 @@ def add_to_bundle(args, pair, directory: Path, temperatures, max_new: int) -> No
     for line in summary_lines(merged):
         print(line)
     merged.save(directory / NGRAM_FILE)
-    index_path = directory / "bundle.json"
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RedwoodError(f"{index_path}: cannot update the bundle index ({exc})") from None
-    index["ngram_acceptance"] = NGRAM_FILE
-    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    _point_index_at(directory)
     print(f"n-gram calibration added to {directory} ({merged.extra.get('tokens', 0)} tokens)",
           file=sys.stderr)

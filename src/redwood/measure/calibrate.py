@@ -186,8 +186,9 @@ def _progress_bar(total: int, enabled: bool):
 def calibration_prompts(tokenizer, source: str = "humaneval", count: int | None = None,
                         chat: bool = False) -> tuple[list[torch.Tensor], str]:
     """Token ids of calibration prompts and a dataset label. source: "humaneval" (the
-    calibration split, disjoint from the evaluation split bench uses) or a JSONL file of
-    {"prompt": ...} lines. count: use only the first `count` prompts."""
+    calibration split, disjoint from the evaluation split bench uses), "chat" (the chat set's
+    calibration split, one user message each in the chat template: redwood.chat_prompts) or a
+    JSONL file of {"prompt": ...} lines. count: use only the first `count` prompts."""
     from redwood.prompts import encode_prompt, humaneval_prompts, read_prompt_file
 
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
@@ -195,6 +196,13 @@ def calibration_prompts(tokenizer, source: str = "humaneval", count: int | None 
     if source == "humaneval":
         texts = humaneval_prompts("calibration")
         label = "humaneval calibration split (problems 0-39)"
+    elif source == "chat":
+        from redwood.chat_prompts import CHAT_PROMPTS, chat_calibration_prompts
+
+        texts, chat = chat_calibration_prompts(), bool(getattr(tokenizer, "chat_template", None))
+        first = len(CHAT_PROMPTS) - len(texts)
+        label = (f"chat calibration split (chat-{first}..chat-{len(CHAT_PROMPTS) - 1}"
+                 f"{', chat template' if chat else ', raw text'})")
     else:
         texts = read_prompt_file(source)
         label = str(source)

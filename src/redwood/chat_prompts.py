@@ -8,7 +8,7 @@ the same on every run; each is one user message, encoded with the chat template.
 
 The last CALIBRATION_COUNT prompts are also the n-gram drafter's chat calibration split
 (`redwood calibrate --drafter ngram --prompts chat`, measure/calibrate.py): a bench of at most
-len(CHAT_PROMPTS) - CALIBRATION_COUNT chat prompts never runs a prompt its priors came from.
+CALIBRATION_FROM chat prompts never runs a prompt its priors came from.
 """
 from __future__ import annotations
 
@@ -83,11 +83,12 @@ CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
 
 
 CALIBRATION_COUNT = 12
+CALIBRATION_FROM = len(CHAT_PROMPTS) - CALIBRATION_COUNT   # chat-12: the split's first prompt
 
 
 def chat_calibration_prompts() -> list[str]:
     """The user messages of the calibration split: the last CALIBRATION_COUNT prompts."""
-    return [text for _, text in CHAT_PROMPTS[-CALIBRATION_COUNT:]]
+    return [text for _, text in CHAT_PROMPTS[CALIBRATION_FROM:]]
 
 
 def chat_prompts(count: int | None = None) -> list[tuple[str, str, str]]:

@@ -56,6 +56,7 @@ def has_chat_template(tokenizer) -> bool:
 
 def load_prompt_sets(pair, sets, count: int) -> tuple[list[BenchPrompt], list[str]]:
     """(the first `count` prompts of every set, in set order; notes on how they were encoded)."""
+    from redwood.chat_prompts import CALIBRATION_FROM
     from redwood.prompts import encode_prompt, humaneval_prompts
 
     prompts, notes = [], []
@@ -70,11 +71,10 @@ def load_prompt_sets(pair, sets, count: int) -> tuple[list[BenchPrompt], list[st
             prompts.append(BenchPrompt(name, prompt_name,
                                        encode_prompt(pair.tokenizer, text, chat=chat),
                                        "chat" if chat else "raw"))
-        if name == "chat" and count > _chat_evaluation_count():
-            notes.append(f"prompt set chat: prompts from chat-{_chat_evaluation_count()} on are "
-                         "also the n-gram drafter's calibration split (its shipped priors came "
-                         "from them): run at most "
-                         f"{_chat_evaluation_count()} for prompts it has not seen")
+        if name == "chat" and count > CALIBRATION_FROM:
+            notes.append(f"prompt set chat: prompts from chat-{CALIBRATION_FROM} on are also the "
+                         "n-gram drafter's calibration split (its shipped priors came from "
+                         f"them): run at most {CALIBRATION_FROM} for prompts it has not seen")
         if not chat:
             notes.append(f"prompt set {name}: the tokenizer has no chat template, so each "
                          "request was encoded as raw text (the user message alone, no template)")
@@ -94,12 +94,6 @@ def _user_messages(name: str, count: int) -> list[tuple[str, str]]:
     from redwood.edit_tasks import edit_tasks
 
     return [(task.name, task.prompt) for task in edit_tasks(name, count)]
-
-
-def _chat_evaluation_count() -> int:
-    from redwood.chat_prompts import CALIBRATION_COUNT, CHAT_PROMPTS
-
-    return len(CHAT_PROMPTS) - CALIBRATION_COUNT
 
 
 def describe_sets(prompts: list[BenchPrompt]) -> dict[str, dict]:

@@ -169,7 +169,6 @@ def _cmd_calibrate(args):
 
         if args.add_to is not None:
             check_bundle_dir(args.add_to)
-
         return cmd_calibrate_ngram(args, max_new, _command_line(args))
     if args.prompts == "edits":
         raise RedwoodError("--prompts edits calibrates the n-gram drafter: add --drafter ngram")

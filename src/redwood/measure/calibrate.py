@@ -197,11 +197,10 @@ def calibration_prompts(tokenizer, source: str = "humaneval", count: int | None 
         texts = humaneval_prompts("calibration")
         label = "humaneval calibration split (problems 0-39)"
     elif source == "chat":
-        from redwood.chat_prompts import CHAT_PROMPTS, chat_calibration_prompts
+        from redwood.chat_prompts import CALIBRATION_FROM, CHAT_PROMPTS, chat_calibration_prompts
 
         texts, chat = chat_calibration_prompts(), bool(getattr(tokenizer, "chat_template", None))
-        first = len(CHAT_PROMPTS) - len(texts)
-        label = (f"chat calibration split (chat-{first}..chat-{len(CHAT_PROMPTS) - 1}"
+        label = (f"chat calibration split (chat-{CALIBRATION_FROM}..chat-{len(CHAT_PROMPTS) - 1}"
                  f"{', chat template' if chat else ', raw text'})")
     else:
         texts = read_prompt_file(source)

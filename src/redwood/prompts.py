@@ -17,6 +17,12 @@ CALIBRATION = range(0, 40)
 EVALUATION = range(40, 164)
 
 
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer declares a chat template (the tiny test models and the --quick byte
+    tokenizer do not: their chat-shaped prompts go in as raw text)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> torch.Tensor:
     """Token ids [L] of a prompt, as the CLI, calibration, benchmarks and the server feed them.
 
@@ -34,7 +40,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> torch.Tensor:
     if not isinstance(prompt, str) or not prompt.strip():
         raise RedwoodError("the prompt is empty: give some text to continue")
     if chat:
-        if not getattr(tokenizer, "chat_template", None):
+        if not has_chat_template(tokenizer):
             raise RedwoodError("this tokenizer has no chat template; drop --chat")
         ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     else:
@@ -59,7 +65,7 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     template, ending with the assistant's turn opened. The rendered text is tokenised without
     special tokens because the template already holds them (a second BOS would confuse the
     model). Errors from the template itself (jinja's, for conversations it refuses) propagate."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise RedwoodError("this tokenizer has no chat template")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

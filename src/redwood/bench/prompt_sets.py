@@ -50,14 +50,10 @@ def check_prompt_sets(sets) -> tuple[str, ...]:
     return sets
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
 def load_prompt_sets(pair, sets, count: int) -> tuple[list[BenchPrompt], list[str]]:
     """(the first `count` prompts of every set, in set order; notes on how they were encoded)."""
     from redwood.chat_prompts import CALIBRATION_FROM
-    from redwood.prompts import encode_prompt, humaneval_prompts
+    from redwood.prompts import encode_prompt, has_chat_template, humaneval_prompts
 
     prompts, notes = [], []
     for name in check_prompt_sets(sets):

@@ -20,11 +20,11 @@ def run_chat(config, params, system: str | None = None, method: str = "sequoia",
              read=input, write=print) -> int:
     """The conversation loop; read/write are the terminal (tests pass their own)."""
     from redwood.cli.textgen import attach_ngram_memory, load_engine
-    from redwood.prompts import encode_chat
+    from redwood.prompts import encode_chat, has_chat_template
 
     engine, tokenizer = load_engine(config, temperature=params.temperature)
     attach_ngram_memory(engine, 32768)           # n-gram drafts from earlier turns' answers
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise RedwoodError("this model's tokenizer has no chat template: use `redwood generate`")
     messages = [{"role": "system", "content": system}] if system else []
     write("redwood chat: an empty line or /exit ends the session", file=sys.stderr)

@@ -198,8 +198,9 @@ def calibration_prompts(tokenizer, source: str = "humaneval", count: int | None 
         label = "humaneval calibration split (problems 0-39)"
     elif source == "chat":
         from redwood.chat_prompts import CALIBRATION_FROM, CHAT_PROMPTS, chat_calibration_prompts
+        from redwood.prompts import has_chat_template
 
-        texts, chat = chat_calibration_prompts(), bool(getattr(tokenizer, "chat_template", None))
+        texts, chat = chat_calibration_prompts(), has_chat_template(tokenizer)
         label = (f"chat calibration split (chat-{CALIBRATION_FROM}..chat-{len(CHAT_PROMPTS) - 1}"
                  f"{', chat template' if chat else ', raw text'})")
     else:

@@ -113,12 +113,12 @@ def edit_prompts(tokenizer, count: int) -> tuple[list[torch.Tensor], str]:
     """The calibration split's edit tasks (redwood.edit_tasks, problems 0-39), kinds in turn,
     chat-encoded: input-grounded text, where free drafts matter."""
     from redwood.edit_tasks import KINDS, edit_tasks
-    from redwood.prompts import encode_prompt
+    from redwood.prompts import encode_prompt, has_chat_template
 
     per_kind = -(-count // len(KINDS))
     tasks = [t for group in zip(*(edit_tasks(k, per_kind, "calibration") for k in KINDS))
              for t in group][:count]
-    chat = bool(getattr(tokenizer, "chat_template", None))
+    chat = has_chat_template(tokenizer)
     ids = [encode_prompt(tokenizer, t.prompt, chat) for t in tasks]
     return ids, (f"{count} edit tasks of the HumanEval calibration split "
                  f"({', '.join(KINDS)} in turn{', chat template' if chat else ', raw text'})")

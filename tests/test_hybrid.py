@@ -211,7 +211,8 @@ def test_a_budget_the_model_tree_does_not_fit_is_refused():
 @pytest.mark.parametrize("mode", ["ngram", "hybrid"])
 def test_draft_model_prefills_only_when_the_plan_uses_it(mode):
     """`--drafter auto` on a machine where no model tree pays plans "ngram": the draft model
-    then never runs, not even its prefill; in "hybrid" it prefills the prompt once, lazily."""
+    then never runs, not even its prefill; in "hybrid" it prefills once, lazily: at its first
+    tree, the prompt and whatever the n-gram side had accepted before."""
     target = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
     draft = tiny_model("qwen2", vocab_size=96, seed=1, dtype=torch.float64, scale=4.0)
     engine = Engine(target, draft, profile=FLAT, live_costs=False)
@@ -224,5 +225,10 @@ def test_draft_model_prefills_only_when_the_plan_uses_it(mode):
     reference = Engine(target, draft, MODEL_TREE).generate(prompt, 24, method="autoregressive",
                                                            stop_on_eos=False)
     assert result.tokens == reference.tokens
-    assert prefills == ([] if mode == "ngram" else [prompt[:-1].tolist()])
+    if mode == "ngram":
+        assert prefills == []
+    else:
+        stream = prompt.tolist() + result.tokens            # roots included
+        assert len(prefills) == 1 and len(prompt) - 1 <= len(prefills[0]) < len(stream)
+        assert prefills[0] == stream[:len(prefills[0])]
     assert (result.stats.accepted_by_source.get("model", 0) > 0) == (mode == "hybrid")

@@ -8,7 +8,21 @@ profile, the ways to spend the step (docs/design.md §3.4):
   kept per predicted ms of its recent steps (a prior from the planner until it has run),
   decayed like the governor's (decode/governor.py).
 The model runs only when its rate is the best, or as a probe after `probe_every` steps
-without it (what it yields changes within a text).
+without it (what it yields changes within a text). Its rate is measured, not predicted: a model
+step costs what its draft forwards took (catching up on the tokens the n-gram steps accepted
+included: after 8 steps of a copied file that is a 150-token draft forward) plus the target's
+verify at the request's live cost. What the model must run before it can draft (the prompt, at
+first; the tokens accepted since it last ran) is charged to it too, spread over CATCH_UP_STEPS
+steps: on a 2-core CPU the draft prefills ~9 ms a token, so a pasted 700-token module costs
+6 s before its first tree, more than the model can win back on an answer the n-gram side
+copies (measured: 0.6x `--drafter ngram` on whole-file edits when the model ran anyway). A
+probe is taken only where the model's planned rate, its catch-up included, would beat what the
+n-gram side offers, and only once the model has run on its merits; one the n-gram side beat
+doubles the wait before the next (8, 16, 32, 64 steps), a model step that wins resets it. Like
+a tree over a plain step on the n-gram side, the model must be predicted DRAFT_MARGIN faster
+than what it displaces (on one 2-core Xeon its plan read 1.11x plain before the prompt's
+catch-up; its first tree on a chat prompt then cost 1.1 s and the request 1.3x the n-gram
+drafter's time).
 
 Merging, and why it stays exact: the model drafts its tree as usual; then the trie is walked
 from the root. A trie child whose token equals a child the model proposed at the same node
@@ -26,12 +40,18 @@ import torch
 
 from redwood.decode.draft_model import DraftModelDrafter
 from redwood.decode.drafter import ChildChooser, Proposal
-from redwood.decode.governor import draft_ms, step_ms, target_ms
+from redwood.decode.governor import draft_level_ms, step_ms, target_ms
 from redwood.decode.layout import LayoutCache, TreeLayout
-from redwood.decode.ngram_drafter import NgramDrafter
+from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
 from redwood.decode.ngram_trees import tree_limits
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, bfs_renumber
+
+# A catch-up (the draft's forward over the prompt or over the tokens accepted while it did not
+# run) must pay for itself within this many model steps: it is charged to the model's rate as
+# catch-up ms / CATCH_UP_STEPS per step when deciding to run it. 16 steps is ~50 tokens of an
+# answer, so a 256-token chat answer repays a short prompt's prefill, a copied module does not.
+CATCH_UP_STEPS = 16
 
 
 class HybridDrafter:
@@ -48,14 +68,24 @@ class HybridDrafter:
 
     def __init__(self, model: DraftModelDrafter, ngram: NgramDrafter, profile, plans,
                  prior_steps: float = 2.0, decay: float = 0.8, probe_every: int = 8,
-                 clock=time.perf_counter):
+                 max_probe_every: int = 64, clock=time.perf_counter):
         if ngram.target_ms is None:
             raise RedwoodError("HybridDrafter needs an NgramDrafter with target_ms (the profile's)")
         self.model, self.ngram, self.profile, self.plans = model, ngram, profile, plans
         self.clock, self.prior_steps = clock, float(prior_steps)
         self.layouts = LayoutCache(model.backend.device)
         self.decay, self.probe_every = float(decay), int(probe_every)
+        self.max_probe_every = max(int(max_probe_every), self.probe_every)
+        self.costs = None        # plan.live_costs.LiveCosts of the running request (the engine's)
         self.prefill(torch.empty(0, dtype=torch.long))
+
+    @property
+    def sizes_itself(self) -> bool:
+        """Every step is chosen here on live costs (the model's tree, an n-gram tree, or n = 1:
+        a plain step), so the engine runs no governor over it: one would second-guess the n-gram
+        side's plain steps from the drafter's history (measured: 169 plain steps where
+        `--drafter ngram` took 148 and drafted more, 3 % slower on a HumanEval prompt)."""
+        return self.ngram.sizes_itself
 
     # -- Drafter protocol ------------------------------------------------------------------
     def prefill(self, prompt_ids: torch.Tensor) -> None:
@@ -67,8 +97,10 @@ class HybridDrafter:
         self.ngram.prefill(prompt_ids)
         self.model_tree = None                          # the request's plan, at its first step
         self.without_model = 0                          # steps since the model last ran
+        self.probe_interval = self.probe_every          # steps without it before a probe
         self.steps = {"model": 0, "ngram": 0, "plain": 0}
         self._step: tuple | None = None                 # (sources, model node ids) of the proposal
+        self._ran_on_merit = False                      # probes only once it has
 
     def propose(self, root: int, layout: TreeLayout, choose: ChildChooser,
                 min_confidence: float = 0.0) -> Proposal:
@@ -83,7 +115,8 @@ class HybridDrafter:
                 "hybrid drafter runs with method sequoia on the tree hybrid_drafting returns")
         trie, taken, values = self.ngram.lookup(root, limits, bool(choose.greedy), min_confidence)
         n, ngram_rate = self.ngram.best_size(values, limits[0])
-        if not self._use_model(ngram_rate):
+        use, probe = self._use_model(ngram_rate)
+        if not use:
             self.without_model += 1
             self.steps["plain" if n == 1 else "ngram"] += 1
             proposal = self.ngram.proposal(trie, taken[:n - 1], layout, 0.0)
@@ -96,8 +129,15 @@ class HybridDrafter:
             return proposal
         self.without_model = 0
         self.steps["model"] += 1
+        self._versus = (ngram_rate, probe)
+        self._ran_on_merit = self._ran_on_merit or not probe
+        if not self.model_ready:                        # the prompt, at its first use
+            self.model.prefill(torch.tensor(self._unprefilled, dtype=torch.long))
+            self.model_ready = True
+        model_start = self.clock()
         drafted = self.model.propose(root, self.model_layout, choose, min_confidence)
-        proposal = self._graft(drafted, trie, taken, values, limits, layout)
+        proposal = self._graft(drafted, trie, taken, values, limits, layout,
+                               1000.0 * (self.clock() - model_start))
         proposal.draft_seconds = self.clock() - start
         return proposal
 
@@ -117,6 +157,8 @@ class HybridDrafter:
             self.model.pending.extend(accepted[k - 1:])
             self.model_kept = self.decay * self.model_kept + len(path)
             self.model_ms = self.decay * self.model_ms + self._step_ms
+            self.model_weight = self.decay * self.model_weight + 1.0
+            self._back_off(len(path) / self._step_ms)
         self._step = None
 
     def skip(self, root: int) -> None:
@@ -138,20 +180,53 @@ class HybridDrafter:
                                f"{tokens}")
         self.model_tree = tree
         self.model_layout = self.layouts(tree)
-        if self.mode == "hybrid" and not self.model_ready:
-            self.model.prefill(torch.tensor(self._unprefilled, dtype=torch.long))
-            self.model_ready = True
-        self.model_kept = float(tokens) * self.prior_steps         # decayed tokens kept
-        self.model_ms = step_ms(self.profile, tree, tree.num_levels) * self.prior_steps
+        # the plan's step: the target over the tree, the draft over every level with children
+        self.plan_kept, self.plan_ms = float(tokens), step_ms(self.profile, tree,
+                                                              tree.num_levels - 1)
+        self.model_kept = self.plan_kept * self.prior_steps        # decayed tokens kept
+        self.model_ms = self.plan_ms * self.prior_steps            # decayed ms of those steps
+        self.model_weight = self.prior_steps                       # decayed steps
 
-    def _use_model(self, ngram_rate: float) -> bool:
+    def _use_model(self, ngram_rate: float) -> tuple[bool, bool]:
+        """(run the model this step, as a probe: its own rate would not have)."""
         if self.mode == "ngram":
-            return False
-        model_rate = self.model_kept / self.model_ms
-        return model_rate > ngram_rate or self.without_model >= self.probe_every
+            return False, False
+        # the n-gram side's own rule for a tree over a plain step (DRAFT_MARGIN): the model
+        # must be predicted clearly faster than what it displaces, predictions being that rough
+        bar = ngram_rate * (1.0 + self.ngram.margin)
+        catch_up = self._catch_up_ms() / CATCH_UP_STEPS            # per step, spread
+        if self.model_kept / (self.model_ms + catch_up * self.model_weight) > bar:
+            return True, False
+        probe = (self._ran_on_merit and self.without_model >= self.probe_interval
+                 and self.plan_kept / (self.plan_ms + catch_up) > bar)
+        return probe, probe
 
-    def _graft(self, drafted: Proposal, trie, taken, values, limits, layout) -> Proposal:
-        """The model's tree plus the n-gram nodes worth their rows (see module doc)."""
+    def _catch_up_ms(self) -> float:
+        """What the draft must run before its next tree beyond the root's own forward: the
+        prompt and what was accepted since (not prefilled yet), else its pending tokens."""
+        behind = len(self.model.pending) if self.model_ready else len(self._unprefilled)
+        if behind == 0:
+            return 0.0
+        return draft_level_ms(self.profile, behind + 1) - draft_level_ms(self.profile, 1)
+
+    def _back_off(self, step_rate: float) -> None:
+        """After a model step: a probe that kept fewer tokens per measured ms than the n-gram
+        side offered doubles the wait for the next (up to max_probe_every); a model step that
+        beat it, probe or not, resets the wait."""
+        ngram_rate, probe = self._versus
+        if step_rate >= ngram_rate:
+            self.probe_interval = self.probe_every
+        elif probe:
+            self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
+
+    def _target_ms(self, n: int) -> float:
+        """The target's verify forward over n nodes: the request's live cost, else the profile's."""
+        return self.costs.target_ms(n) if self.costs is not None else target_ms(self.profile, n)
+
+    def _graft(self, drafted: Proposal, trie, taken, values, limits, layout,
+               model_ms: float) -> Proposal:
+        """The model's tree plus the n-gram nodes worth their rows (see module doc). model_ms:
+        what the model's drafting took (its catch-up included), charged to the step."""
         parents = list(drafted.layout.tree.parents)
         tokens = drafted.tokens.tolist()
         sources = ["root"] + ["model"] * (len(parents) - 1)
@@ -161,7 +236,7 @@ class HybridDrafter:
         leaves = sum(1 for k in kids if not k)
         at = {0: 0}                                        # trie node -> tree node
         depths = [int(d) for d in drafted.layout.tree.depths]
-        cost = self._cost(drafted.layout.tree, drafted.draft_forwards)
+        cost = self._cost(model_ms)
         expected = self.model_kept / self.model_ms * cost(len(parents))
         best = (expected / cost(len(parents)), len(parents))
         for node, value in zip(taken, values):
@@ -192,10 +267,9 @@ class HybridDrafter:
         return self._merged(drafted, parents[:best[1]], tokens[:best[1]], sources[:best[1]],
                             layout)
 
-    def _cost(self, drafted_tree: Tree, draft_forwards: int):
-        """n -> predicted ms of this step with n tree nodes (the draft's levels already run)."""
-        draft = draft_ms(self.profile, drafted_tree, draft_forwards)
-        return lambda n: target_ms(self.profile, n) + draft
+    def _cost(self, model_ms: float):
+        """n -> ms of this step with n tree nodes: the draft's measured, the verify's live."""
+        return lambda n: self._target_ms(n) + model_ms
 
     def _merged(self, drafted: Proposal, parents, tokens, sources, layout) -> Proposal:
         """Renumber breadth-first (model children before grafts) and build the Proposal."""
@@ -267,7 +341,12 @@ def hybrid_drafting(engine, plans, profile, temperatures=(0.0,), ngram_tree: Tre
     if engine.draft_backend is None:
         raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")
     model = DraftModelDrafter(engine.draft_backend, engine._clock, engine.layouts)
-    drafter = HybridDrafter(model, NgramDrafter(target_ms=profile.target_ms, model=acceptance),
-                            profile, plans)
+    # the n-gram side as `--drafter ngram` builds it: copies up to COPY_DEPTH tokens deep, t(n)
+    # read at the request's context (with 8-token chains it kept ~5 tokens a step on whole-file
+    # edits where the n-gram drafter alone kept ~19, and lost 40 % to it)
+    ngram = NgramDrafter(target_ms=profile.target_ms,
+                         target_ms_by_context=getattr(profile, "target_ms_by_context", None),
+                         model=acceptance, max_length=COPY_DEPTH)
+    drafter = HybridDrafter(model, ngram, profile, plans)
     trees = [plans(t)[0] for t in temperatures]
-    return drafter, hybrid_budget_tree(trees, ngram_tree or ngram_budget_tree())
+    return drafter, hybrid_budget_tree(trees, ngram_tree or ngram_budget_tree(depth=COPY_DEPTH))

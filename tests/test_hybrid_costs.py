@@ -121,3 +121,57 @@ def test_the_ngram_side_drafts_as_deep_as_the_ngram_drafter():
     first = proposals[0]
     assert first.sources is not None and set(first.sources[1:]) == {"ngram"}
     assert first.layout.tree.num_levels - 1 > 8, first.layout.tree.num_levels
+
+
+# Costs that make the size matter: a step grows ~12 % of t(1) per node, every size measured.
+SLOPED = Profile({n: 30.0 + 3.5 * (n - 1) for n in range(1, 65)}, {w: 30.0 for w in range(1, 65)})
+
+
+def proposed_trees(proposals) -> list[tuple]:
+    return [(tuple(p.layout.tree.parents), tuple(p.tokens.tolist())) for p in proposals]
+
+
+def test_ngram_mode_proposes_what_the_ngram_drafter_proposes():
+    """`--drafter auto` where no model tree pays ("ngram") is `--drafter ngram`: the same trees
+    step for step, within the n-gram drafter's own limits (not the hybrid's wider budget, where
+    it chose other sizes and lost to `--drafter ngram` on whole-file edits), and the same
+    prediction of tokens kept per step, so --json reports predicted against observed."""
+    from redwood.decode.ngram_drafter import NgramDrafter
+
+    generator = torch.Generator().manual_seed(3)
+    span = torch.randint(2, 96, (40,), generator=generator)
+    edited = span.clone()
+    edited[[7, 19, 31]] = torch.randint(2, 96, (3,), generator=generator)
+    prompt = torch.cat([span, torch.tensor([1]), edited, torch.tensor([1]), span[:3]])
+
+    ngram_engine = Engine(target_model(), None, ngram_budget_tree(depth=COPY_DEPTH),
+                          drafter=NgramDrafter(target_ms=SLOPED.target_ms, max_length=COPY_DEPTH),
+                          profile=SLOPED, live_costs=False)
+    ngram_proposals = record_proposals(ngram_engine.drafter)
+    by_ngram = ngram_engine.generate(prompt, 48, stop_on_eos=False)
+
+    hybrid_engine = Engine(target_model(), target_model(), MODEL_TREE, profile=SLOPED,
+                           live_costs=False)
+    hybrid_engine.drafter, hybrid_engine.tree = hybrid_drafting(
+        hybrid_engine, lambda t: (MODEL_TREE, 3.0, "ngram"), SLOPED)
+    hybrid_proposals = record_proposals(hybrid_engine.drafter)
+    by_hybrid = hybrid_engine.generate(prompt, 48, stop_on_eos=False)
+
+    assert by_hybrid.tokens == by_ngram.tokens == greedy_reference(prompt, 48)
+    assert len({len(p.layout.tree) for p in ngram_proposals}) > 1     # sizes were chosen
+    assert proposed_trees(hybrid_proposals) == proposed_trees(ngram_proposals)
+    assert [p.expected_tokens for p in hybrid_proposals] == \
+        [p.expected_tokens for p in ngram_proposals]
+    assert by_hybrid.stats.predicted_tokens == by_ngram.stats.predicted_tokens > 0
+
+
+def test_model_steps_report_their_prediction():
+    """A step the draft model ran reports the tokens it was predicted to keep (the model's live
+    rate over the step's cost, grafts included), so `predicted_vs_observed` covers it."""
+    engine = same_model_engine(FLAT)
+    proposals = record_proposals(engine.drafter)
+    result = engine.generate(torch.tensor([5, 6, 7, 8, 9]), 20, stop_on_eos=False)
+    model_steps = [p for p in proposals if "model" in (p.sources or [])]
+    assert model_steps and all(p.expected_tokens is not None and p.expected_tokens >= 1.0
+                               for p in model_steps)
+    assert result.stats.predicted_tokens > 0

@@ -43,7 +43,7 @@ from redwood.decode.drafter import ChildChooser, Proposal
 from redwood.decode.governor import draft_level_ms, step_ms, target_ms
 from redwood.decode.layout import LayoutCache, TreeLayout
 from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
-from redwood.decode.ngram_trees import tree_limits
+from redwood.decode.ngram_trees import ngram_budget_tree, tree_limits
 from redwood.errors import RedwoodError
 from redwood.plan.tree import Tree, bfs_renumber
 
@@ -68,7 +68,8 @@ class HybridDrafter:
 
     def __init__(self, model: DraftModelDrafter, ngram: NgramDrafter, profile, plans,
                  prior_steps: float = 2.0, decay: float = 0.8, probe_every: int = 8,
-                 max_probe_every: int = 64, clock=time.perf_counter):
+                 max_probe_every: int = 64, clock=time.perf_counter,
+                 ngram_tree: Tree | None = None):
         if ngram.target_ms is None:
             raise RedwoodError("HybridDrafter needs an NgramDrafter with target_ms (the profile's)")
         self.model, self.ngram, self.profile, self.plans = model, ngram, profile, plans
@@ -77,6 +78,12 @@ class HybridDrafter:
         self.decay, self.probe_every = float(decay), int(probe_every)
         self.max_probe_every = max(int(max_probe_every), self.probe_every)
         self.costs = None        # plan.live_costs.LiveCosts of the running request (the engine's)
+        # The n-gram side looks up and sizes within the limits `--drafter ngram` works in, not
+        # the wider budget (model tree + n-gram budget): with the budget's extra leaves and
+        # nodes best_first took other branches and best_size other sizes, and `--drafter auto`
+        # lost to `--drafter ngram` on edits where the model never ran (measured on a 2-core
+        # EPYC: 40.2 s against 33.6 s on one whole-file edit).
+        self.ngram_limits = tree_limits(ngram_tree or ngram_budget_tree(depth=ngram.max_length))
         self.prefill(torch.empty(0, dtype=torch.long))
 
     @property
@@ -108,18 +115,20 @@ class HybridDrafter:
         if self.model_tree is None:
             self._plan(0.0 if choose.greedy else choose.temperature)
         limits = tree_limits(layout.tree)
+        own = tuple(min(a, b) for a, b in zip(self.ngram_limits, limits))
         if any(have > most for have, most in zip(tree_limits(self.model_tree), limits)):
             raise RedwoodError(
                 f"the draft model's tree ({len(self.model_tree)} nodes) does not fit the request's "
                 f"tree budget ({limits[0]} nodes, {limits[1]} leaves, depth {limits[2]}): the "
                 "hybrid drafter runs with method sequoia on the tree hybrid_drafting returns")
-        trie, taken, values = self.ngram.lookup(root, limits, bool(choose.greedy), min_confidence)
-        n, ngram_rate = self.ngram.best_size(values, limits[0])
+        trie, taken, values = self.ngram.lookup(root, own, bool(choose.greedy), min_confidence)
+        n, ngram_rate = self.ngram.best_size(values, own[0])
         use, probe = self._use_model(ngram_rate)
         if not use:
             self.without_model += 1
             self.steps["plain" if n == 1 else "ngram"] += 1
             proposal = self.ngram.proposal(trie, taken[:n - 1], layout, 0.0)
+            proposal.expected_tokens = 1.0 + sum(values[:n - 1])     # as NgramDrafter predicts
             self._step = (proposal.sources, None)
             if self.model_ready:
                 self.model.skip(int(root))        # the model runs it with its next draft
@@ -264,8 +273,12 @@ class HybridDrafter:
             if rate > best[0]:
                 best = (rate, len(parents))
         self._step_ms = cost(best[1])
-        return self._merged(drafted, parents[:best[1]], tokens[:best[1]], sources[:best[1]],
-                            layout)
+        merged = self._merged(drafted, parents[:best[1]], tokens[:best[1]], sources[:best[1]],
+                              layout)
+        # the prediction the choice was made on: the model's live rate over this step's cost
+        # plus the grafted nodes' values
+        merged.expected_tokens = best[0] * self._step_ms
+        return merged
 
     def _cost(self, model_ms: float):
         """n -> ms of this step with n tree nodes: the draft's measured, the verify's live."""
@@ -336,8 +349,6 @@ def hybrid_drafting(engine, plans, profile, temperatures=(0.0,), ngram_tree: Tre
     and a fresh n-gram drafter on `profile`'s target costs. The budget bounds the plans of
     `temperatures` (every temperature a request may pick a plan for). acceptance: the n-gram
     side's AcceptanceModel (calibrated priors), else the default priors."""
-    from redwood.decode.ngram_trees import ngram_budget_tree
-
     if engine.draft_backend is None:
         raise RedwoodError("the hybrid drafter needs a draft model (the engine has none)")
     model = DraftModelDrafter(engine.draft_backend, engine._clock, engine.layouts)
@@ -347,6 +358,7 @@ def hybrid_drafting(engine, plans, profile, temperatures=(0.0,), ngram_tree: Tre
     ngram = NgramDrafter(target_ms=profile.target_ms,
                          target_ms_by_context=getattr(profile, "target_ms_by_context", None),
                          model=acceptance, max_length=COPY_DEPTH)
-    drafter = HybridDrafter(model, ngram, profile, plans)
+    ngram_tree = ngram_tree or ngram_budget_tree(depth=COPY_DEPTH)
+    drafter = HybridDrafter(model, ngram, profile, plans, ngram_tree=ngram_tree)
     trees = [plans(t)[0] for t in temperatures]
-    return drafter, hybrid_budget_tree(trees, ngram_tree or ngram_budget_tree(depth=COPY_DEPTH))
+    return drafter, hybrid_budget_tree(trees, ngram_tree)

@@ -133,8 +133,8 @@ def proposed_trees(proposals) -> list[tuple]:
 
 def test_ngram_mode_proposes_what_the_ngram_drafter_proposes():
     """`--drafter auto` where no model tree pays ("ngram") is `--drafter ngram`: the same trees
-    step for step, within the n-gram drafter's own limits (not the hybrid's wider budget, where
-    it chose other sizes and lost to `--drafter ngram` on whole-file edits), and the same
+    step for step, within the n-gram drafter's own limits (not the hybrid's wider budget, which
+    allows trees `--drafter ngram` never proposes), and the same
     prediction of tokens kept per step, so --json reports predicted against observed."""
     from redwood.decode.ngram_drafter import NgramDrafter
 

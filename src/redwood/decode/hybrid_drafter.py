@@ -79,10 +79,9 @@ class HybridDrafter:
         self.max_probe_every = max(int(max_probe_every), self.probe_every)
         self.costs = None        # plan.live_costs.LiveCosts of the running request (the engine's)
         # The n-gram side looks up and sizes within the limits `--drafter ngram` works in, not
-        # the wider budget (model tree + n-gram budget): with the budget's extra leaves and
-        # nodes best_first took other branches and best_size other sizes, and `--drafter auto`
-        # lost to `--drafter ngram` on edits where the model never ran (measured on a 2-core
-        # EPYC: 40.2 s against 33.6 s on one whole-file edit).
+        # the wider budget (model tree + n-gram budget), so a step the model sits out is the
+        # n-gram drafter's step by construction: the budget's extra leaves and nodes let
+        # best_first and best_size consider trees `--drafter ngram` never could.
         self.ngram_limits = tree_limits(ngram_tree or ngram_budget_tree(depth=ngram.max_length))
         self.prefill(torch.empty(0, dtype=torch.long))
 

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
 from redwood.errors import RedwoodError
+
+# Learnt n-gram rates persist between processes (measure/learned_rates.py); a test run must not
+# depend on what an earlier run or the user's own requests taught them, nor teach them. Set
+# before any test starts a CLI or server subprocess (they inherit it); the tests of the feature
+# turn it on with a temporary cache.
+os.environ["REDWOOD_LEARNED_RATES"] = "0"
 
 
 def _skip_if_not_installed(err: RedwoodError):

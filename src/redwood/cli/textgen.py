@@ -139,7 +139,8 @@ def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms,
                                   target_ms_by_context=engine.profile.target_ms_by_context,
-                                  model=acceptance_model(bundle), max_length=COPY_DEPTH)
+                                  model=acceptance_model(bundle, learned=True),
+                                  max_length=COPY_DEPTH)
     engine.tree, engine.draft_confidence = ngram_budget_tree(depth=COPY_DEPTH), 0.0
 
 
@@ -177,7 +178,7 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
     plans = hybrid_plans(engine.profile, bundle, tree, auto, bundle_latencies)
     temperatures = [e.temperature for e in bundle.entries] if bundle is not None else [0.0]
     engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures,
-                                                  acceptance=acceptance_model(bundle))
+                                                  acceptance=acceptance_model(bundle, learned=True))
     engine.draft_confidence = 0.0
 
 

@@ -89,6 +89,8 @@ class AcceptanceModel:
         self.drafts: dict[tuple, list[float]] = {}  # draft_key -> [drafted kept, predicted]
         self.calibrated = {key: accepted / trials for key, (accepted, trials)
                            in (calibration or {}).items() if trials >= self.CALIBRATED_MIN}
+        # persist(model) after each request (measure/learned_rates.py), or None: not kept
+        self.persist = None
 
     @staticmethod
     def key(greedy: bool, node: TrieNode) -> tuple:
@@ -108,6 +110,11 @@ class AcceptanceModel:
 
     def observe(self, key: tuple, accepted: bool) -> None:
         _count(self.counts, key, accepted)
+
+    def request_done(self) -> None:
+        """A request using this model finished: keep what it taught (persist), if asked to."""
+        if self.persist is not None:
+            self.persist(self)
 
     def draft_ratio(self, greedy: bool, predicted: float = 0.0) -> float:
         """Drafted tokens kept per drafted token predicted, over every shadow tree of the

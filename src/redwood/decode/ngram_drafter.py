@@ -296,6 +296,8 @@ class NgramDrafter:
         self._finished = True
         if store and self.memory is not None:
             self.memory.add(self.index.tokens[self._generated_from:])
+        if self.learn:
+            self.model.request_done()
 
     def _learn_from_last(self, root: int) -> None:
         """Walk every trie still on the text (the previous step's and earlier ones, module

@@ -200,7 +200,8 @@ def _ngram_drafting(profile: Profile, bundle, memory_tokens: int):
     from redwood.serve.batch_ngram import BatchNgramDrafting
 
     memory = NgramMemory(max_tokens=memory_tokens) if memory_tokens > 0 else None
-    return BatchNgramDrafting(profile, lambda: acceptance_model(bundle), memory)
+    return BatchNgramDrafting(profile, lambda: acceptance_model(bundle, learned=True),
+                              memory)
 
 
 def _model_paths(model, target, draft, progress):

@@ -1,16 +1,16 @@
 """The n-gram acceptance model's learnt rates, kept on this machine between processes.
 
 The n-gram drafter's pooled acceptance model starts every process from the bundle's priors,
-which were calibrated on edits, where a short match where the copy resumes ("near") or an
-answer repeating itself ("self-8+") usually goes on. On chat it goes on less often (replayed
-on greedy chat answers, a 2-core EPYC: near depth-1 nodes kept 0.74 of the time against the
-prior's 0.87-0.90), and the model learns that within tens of observations, but the drafted
-steps fall mostly in those first requests: a `redwood generate` call, or a server's first
-requests, drafted on the optimistic prior and predicted 17-22 % more tokens per drafted step
-than they kept (chat, T 0). Replaying the last five of ten chat and HumanEval prompts with a
-model warmed on the first five brought that to +5 % (chat) and -12 % (HumanEval), and the
-worst chat prompt's decode speed under the cost model from 0.92x to 0.99x plain (docs/design.md
-§3.3).
+calibrated on a mix of edits, HumanEval and chat, where a short match where the copy resumes
+("near") or an answer repeating itself ("self-8+") goes on more often than in chat alone
+(replayed on greedy chat answers, a 2-core EPYC: near depth-1 nodes were estimated 0.87 when
+drafted and kept 0.74 over all of chat's observations). The model learns that within tens of
+observations, but the drafted steps fall mostly before it has: every `redwood generate` call,
+and every server's first requests, drafted on the optimistic prior and predicted 17-22 % more
+tokens per drafted step than they kept (chat, T 0). Replaying the last five of ten chat and
+HumanEval prompts with a model warmed on the first five brought that to +5 % (chat) and -12 %
+(HumanEval), and the worst chat prompt's decode speed under the cost model from 0.92x to 0.99x
+plain (docs/design.md §3.3).
 
 So the learnt counts (per key, and the whole-draft ratios) persist, per bundle calibration,
 under `$REDWOOD_CACHE/acceptance/`: loaded when a CLI or server process builds its model,

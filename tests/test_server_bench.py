@@ -225,6 +225,33 @@ def test_results_written_with_cpu_and_tables(tmp_path):
     assert again["table"] == doc["table"] and "first round alone" in Path(paths["markdown"]).read_text()
 
 
+def test_the_report_says_when_learnt_rates_carry_over(tmp_path, monkeypatch):
+    """redwood's servers keep their learnt n-gram rates on disk unless told not to, so a fresh
+    round is not a fresh start for them: the report says which it was, and a rewrite keeps
+    what the run had."""
+    from redwood.bench.server_run import render_markdown, rewrite, summarise, write
+
+    records = [_record(r, m, w) for r in range(2) for m, w in (("llama-server", 1.0),
+                                                               ("redwood-ngram", 0.8))]
+    config = ServerBenchConfig(methods=["redwood-ngram"], prompt_sets=("chat",),
+                               out_dir=str(tmp_path), machine="test", fresh_rounds=True)
+    said = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("REDWOOD_LEARNED_RATES", setting)
+        doc = summarise(config, check_methods(config.methods), records,
+                        ServerSetup("t", "d", 2), {"chat": {"prompts": 1}}, [])
+        doc.update(command="redwood bench", started="now", finished="now")
+        said[setting] = "learnt n-gram acceptance rates carry over" in render_markdown(doc)
+    assert said == {"1": True, "0": False}
+    monkeypatch.setenv("REDWOOD_LEARNED_RATES", "1")
+    doc = summarise(config, check_methods(config.methods), records,
+                    ServerSetup("t", "d", 2), {"chat": {"prompts": 1}}, [])
+    doc.update(command="redwood bench", started="now", finished="now")
+    paths = write(config, doc, records)
+    monkeypatch.setenv("REDWOOD_LEARNED_RATES", "0")
+    assert rewrite(paths["raw"])["learned_rates"] is True
+
+
 def test_unequal_lengths_compared_at_the_methods_length():
     from redwood.bench.server_report import prompt_ratio
 

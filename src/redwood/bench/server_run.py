@@ -16,6 +16,7 @@ from redwood.bench.server_report import (markdown_table, noise_floor, ratios,
 from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
 from redwood.decode.ngram_acceptance import MATCH_LABELS
 from redwood.errors import RedwoodError
+from redwood.measure.learned_rates import learned_rates_path
 
 DEFAULT_LLAMA_SERVER = Path(".venv/llama-server/build/bin/llama-server")
 
@@ -144,6 +145,9 @@ def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> 
         "prompt_sets": sets, "notes": notes, "llama_server_build": _build_info(setup),
         "stray_rounds": stray_rounds(records), "speculation": speculation_figures(records),
         "noise_floor": noise_floor(summary),
+        # redwood's servers keep their learnt n-gram rates on disk (measure/learned_rates.py),
+        # so they carry over between fresh rounds unless turned off
+        "learned_rates": learned_rates_path() is not None,
         "table": markdown_table(summary, names, list(config.prompt_sets), config.temperatures),
         # llama-server's ngram-mod keeps one hash pool across requests, so from the second
         # round on it has seen every answer before: the first round is what a prompt it has
@@ -194,7 +198,10 @@ def render_markdown(doc: dict) -> str:
              f"(max_tokens {doc['config']['max_tokens']}), one request at a time"
              + ("; every server started afresh before each round (--fresh-rounds: each round "
                 "is every server's first sight of the prompts)"
-                if doc["config"].get("fresh_rounds") else ""), "",
+                if doc["config"].get("fresh_rounds") else "")
+             + ("; redwood's learnt n-gram acceptance rates carry over between processes "
+                "($REDWOOD_CACHE/acceptance/; REDWOOD_LEARNED_RATES=0 starts each from the "
+                "priors)" if doc.get("learned_rates") else ""), "",
              "## Results", "",
              f"× plain llama-server, end to end (its request time over the method's, prefill "
              f"included; answers of another length compared at the method's length with "
@@ -239,7 +246,8 @@ def rewrite(raw_path: str) -> dict:
     setup = ServerSetup(**{**old["setup"], "redwood_model_args": tuple(old["setup"]["redwood_model_args"])})
     doc = summarise(config, check_methods(config.methods), records, setup, old["prompt_sets"],
                     old["notes"])
-    doc.update(command=old["command"], started=old["started"], finished=old["finished"])
+    doc.update(command=old["command"], started=old["started"], finished=old["finished"],
+               learned_rates=old.get("learned_rates", False))    # as the run had it
     summary_path.write_text(json.dumps(doc, indent=1) + "\n")
     raw.with_name(raw.name.replace(".raw.json", ".md")).write_text(render_markdown(doc))
     return doc

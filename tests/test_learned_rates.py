@@ -101,13 +101,13 @@ def test_a_finished_request_teaches_the_next_process(learning):
     assert acceptance_model(None).counts == {}           # not asked to: the priors alone
 
 
-def test_an_unwritable_cache_does_not_fail_the_request(learning, capsys):
+def test_an_unwritable_cache_does_not_fail_the_request(learning, capsys, monkeypatch):
+    """The cache path runs through a plain file, so the save fails even for root: the request
+    finishes, the failure is said once and saving stops."""
+    blocker = learning / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("REDWOOD_CACHE", str(blocker / "cache"))
     model = acceptance_model(None, learned=True)
-    (learning / "acceptance").mkdir(parents=True, exist_ok=True)
-    (learning / "acceptance").chmod(0o500)
-    try:
-        copy_request(model, list(range(100, 140)) * 3)
-    finally:
-        (learning / "acceptance").chmod(0o700)
-    if model.persist is None:                          # root may write anyway
-        assert "cannot save learnt n-gram rates" in capsys.readouterr().err
+    copy_request(model, list(range(100, 140)) * 3)
+    assert model.persist is None and model.counts
+    assert capsys.readouterr().err.count("cannot save learnt n-gram rates") == 1

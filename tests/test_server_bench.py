@@ -235,19 +235,18 @@ def test_the_report_says_when_learnt_rates_carry_over(tmp_path, monkeypatch):
                                                                ("redwood-ngram", 0.8))]
     config = ServerBenchConfig(methods=["redwood-ngram"], prompt_sets=("chat",),
                                out_dir=str(tmp_path), machine="test", fresh_rounds=True)
-    said = {}
-    for setting in ("1", "0"):
+
+    def summary(setting: str) -> dict:
         monkeypatch.setenv("REDWOOD_LEARNED_RATES", setting)
         doc = summarise(config, check_methods(config.methods), records,
                         ServerSetup("t", "d", 2), {"chat": {"prompts": 1}}, [])
         doc.update(command="redwood bench", started="now", finished="now")
-        said[setting] = "learnt n-gram acceptance rates carry over" in render_markdown(doc)
+        return doc
+
+    said = {setting: "learnt n-gram acceptance rates carry over" in render_markdown(summary(setting))
+            for setting in ("1", "0")}
     assert said == {"1": True, "0": False}
-    monkeypatch.setenv("REDWOOD_LEARNED_RATES", "1")
-    doc = summarise(config, check_methods(config.methods), records,
-                    ServerSetup("t", "d", 2), {"chat": {"prompts": 1}}, [])
-    doc.update(command="redwood bench", started="now", finished="now")
-    paths = write(config, doc, records)
+    paths = write(config, summary("1"), records)
     monkeypatch.setenv("REDWOOD_LEARNED_RATES", "0")
     assert rewrite(paths["raw"])["learned_rates"] is True
 

@@ -16,7 +16,7 @@ from redwood.bench.server_report import (markdown_table, noise_floor, ratios,
 from redwood.bench.server_specs import BASELINE, METHODS, ServerSetup, check_methods
 from redwood.decode.ngram_acceptance import MATCH_LABELS
 from redwood.errors import RedwoodError
-from redwood.measure.learned_rates import learned_rates_path
+from redwood.measure.learned_rates import learning_kept
 
 DEFAULT_LLAMA_SERVER = Path(".venv/llama-server/build/bin/llama-server")
 
@@ -147,7 +147,7 @@ def summarise(config, methods, records, setup, sets: dict, notes: list[str]) -> 
         "noise_floor": noise_floor(summary),
         # redwood's servers keep their learnt n-gram rates on disk (measure/learned_rates.py),
         # so they carry over between fresh rounds unless turned off
-        "learned_rates": learned_rates_path() is not None,
+        "learned_rates": learning_kept(),
         "table": markdown_table(summary, names, list(config.prompt_sets), config.temperatures),
         # llama-server's ngram-mod keeps one hash pool across requests, so from the second
         # round on it has seen every answer before: the first round is what a prompt it has

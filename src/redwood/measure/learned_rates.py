@@ -37,13 +37,18 @@ MAX_DRAFT_TOKENS = 256.0
 ENV = "REDWOOD_LEARNED_RATES"
 
 
+def learning_kept() -> bool:
+    """Whether learnt rates are kept between processes here (REDWOOD_LEARNED_RATES not 0)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def learned_rates_path(calibration_file=None, cache_dir=None) -> Path | None:
     """Where the rates learnt over the priors of `calibration_file` (a bundle's n-gram
     calibration, or None: the built-in priors) live; None when REDWOOD_LEARNED_RATES=0."""
     from redwood.cache_dirs import cache_root
     from redwood.measure.machine_profile import key_digest
 
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not learning_kept():
         return None
     priors = hashlib.sha256(Path(calibration_file).read_bytes()).hexdigest() \
         if calibration_file else "built-in"

@@ -111,6 +111,14 @@ class AcceptanceModel:
     def observe(self, key: tuple, accepted: bool) -> None:
         _count(self.counts, key, accepted)
 
+    def teach(self, key: tuple, accepted: float, trials: float) -> None:
+        """Add (accepted, trials) to the key's counts; either may be negative (a request
+        re-weighting what it taught, RequestEstimates.observe). The counts stay within
+        0 <= accepted <= trials (a save may have scaled them down since)."""
+        entry = self.counts.setdefault(key, [0.0, 0.0])
+        entry[1] = max(0.0, entry[1] + trials)
+        entry[0] = min(entry[1], max(0.0, entry[0] + accepted))
+
     def request_done(self) -> None:
         """A request using this model finished: keep what it taught (persist), if asked to."""
         if self.persist is not None:
@@ -165,23 +173,46 @@ def draft_key(greedy: bool, predicted: float) -> tuple[bool, bool]:
 # Xeon costs), 64 raised the mean policy speed on every set (whole-file 1.93 -> 1.94, HumanEval
 # 1.15 -> 1.18) with no prompt 0.02 lower; 4 and 16 lost up to 10 % on single whole-file edits.
 OWN_WEIGHT = 64.0
+# What one request teaches the pool: its own rate of each key at a weight of at most
+# REQUEST_TRIALS trials. Counted per observation, the pool was a rate over observations, and a
+# code answer or an edit observes a resumed copy ("near") or a long prompt match many times as
+# often as a chat answer does, so chat drafted on code's rates: on a 2-core EPYC the pooled
+# "near" depth-1 rate read 0.87 where chat kept 0.74, and chat's drafted 8-15 matches (an
+# answer restating the question, then going its own way) kept 0.36 of their nodes where
+# HumanEval's kept 0.83. Capped, the pool is nearer a rate over requests, and a request whose
+# text keeps a key more often learns that from its own counts (OWN_WEIGHT). Replayed on
+# recorded answers (benchmarks/copy_ceiling.py's policy, that EPYC's costs; chat, HumanEval and
+# whole-file edits at T 0 and 0.6, a fresh pool and then the pool they taught), predicted /
+# kept tokens per drafted step summed over the 12 cells 146 points of error uncapped, 112 at
+# 16, 107 at 4 and 97 at 8 (HumanEval T 0.6 +25 / +28 % -> +16 / +11 %; chat +8 ... +12 %),
+# whole-file decode speed level (docs/design.md §3.3).
+REQUEST_TRIALS = 8.0
 
 
 class RequestEstimates:
-    """One request's view of a shared AcceptanceModel: observations go to both, rates are the
+    """One request's view of a shared AcceptanceModel: observations go to both (to the pool
+    as the request's rate at a weight of at most REQUEST_TRIALS per key), rates are the
     request's own counts with the pooled rate as their prior (OWN_WEIGHT)."""
 
     def __init__(self, model: AcceptanceModel):
         self.model = model
         self.counts: dict[tuple, list[float]] = {}          # key -> [accepted, trials]
+        self.taught: dict[tuple, list[float]] = {}  # key -> [accepted, trials] in the pool
         self.drafts: dict[tuple, list[float]] = {}  # draft_key -> [drafted kept, predicted]
 
     def rate(self, key: tuple) -> float:
         return _mean(self.counts, key, self.model.rate(key), OWN_WEIGHT)
 
     def observe(self, key: tuple, accepted: bool) -> None:
-        self.model.observe(key, accepted)
+        """One walk observation: the request's own count, and its share of the pool's (the
+        first REQUEST_TRIALS observations one by one, then its rate at that weight)."""
         _count(self.counts, key, accepted)
+        own_accepted, own_trials = self.counts[key]
+        weight = min(1.0, REQUEST_TRIALS / own_trials)
+        share = [own_accepted * weight, own_trials * weight]
+        taught = self.taught.setdefault(key, [0.0, 0.0])
+        self.model.teach(key, share[0] - taught[0], share[1] - taught[1])
+        taught[:] = share
 
     def draft_ratio(self, greedy: bool, predicted: float = 0.0) -> float:
         """This request's kept / predicted drafted tokens in the class of `predicted`

@@ -109,7 +109,7 @@ class AcceptanceModel:
         return _mean(self.counts, key, self.prior(key), self.prior_weight)
 
     def observe(self, key: tuple, accepted: bool) -> None:
-        _count(self.counts, key, accepted)
+        self.teach(key, float(accepted), 1.0)
 
     def teach(self, key: tuple, accepted: float, trials: float) -> None:
         """Add (accepted, trials) to the key's counts; either may be negative (a request

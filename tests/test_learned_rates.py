@@ -53,9 +53,10 @@ def test_old_evidence_is_scaled_down_so_the_rates_stay_adaptive(tmp_path):
     assert fresh.rate(KEY) < 0.5
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"format": 1, "counts": {"1,2": [1, 2]}, '
-                                  '"drafts": {}}', '{"format": 1, "counts": {"1,7,0,0": '
-                                  '[-1, 2]}, "drafts": {}}'])
+@pytest.mark.parametrize("text", ["{not json", '{"format": 2, "counts": {"1,2": [1, 2]}, '
+                                  '"drafts": {}}', '{"format": 2, "counts": {"1,7,0,0": '
+                                  '[-1, 2]}, "drafts": {}}', '{"format": 2, "counts": {}, '
+                                  '"drafts": {}, "kinds": {"5": {"counts": {}, "drafts": {}}}}'])
 def test_a_damaged_file_is_reported_and_ignored(tmp_path, capsys, text):
     path = tmp_path / "rates.json"
     path.write_text(text)
@@ -93,12 +94,14 @@ def test_a_finished_request_teaches_the_next_process(learning):
     text = list(range(100, 140)) * 3
     first = acceptance_model(None, learned=True)
     copy_request(first, text)
-    assert first.counts, "the request observed nothing to keep"
+    short = first.kind_pool(0)                           # a 60-token prompt
+    assert short.counts, "the request observed nothing to keep"
     files = list((learning / "acceptance").glob("rates-*.json"))
     assert len(files) == 1
     second = acceptance_model(None, learned=True)        # a later process, same priors
-    assert second.counts == first.counts and second.drafts == first.drafts
-    assert acceptance_model(None).counts == {}           # not asked to: the priors alone
+    assert second.kind_pool(0).counts == short.counts
+    assert second.kind_pool(0).drafts == short.drafts
+    assert acceptance_model(None).kind_pool(0).counts == {}   # not asked to: the priors alone
 
 
 def test_an_unwritable_cache_does_not_fail_the_request(learning, capsys, monkeypatch):
@@ -109,5 +112,5 @@ def test_an_unwritable_cache_does_not_fail_the_request(learning, capsys, monkeyp
     monkeypatch.setenv("REDWOOD_CACHE", str(blocker / "cache"))
     model = acceptance_model(None, learned=True)
     copy_request(model, list(range(100, 140)) * 3)
-    assert model.persist is None and model.counts
+    assert model.persist is None and model.kind_pool(0).counts
     assert capsys.readouterr().err.count("cannot save learnt n-gram rates") == 1

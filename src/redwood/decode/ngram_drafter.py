@@ -155,7 +155,8 @@ class NgramDrafter:
         self._open = False                                       # proposed, not yet committed
         # this request's proposed drafts by match length: label -> [accepted, proposed]
         self.match_counts: dict[str, list[int]] = {}
-        self.estimates = RequestEstimates(self.model)     # the model as this request learns it
+        # the model as this request learns it, in the pool of its kind of prompt
+        self.estimates = RequestEstimates(self.model.pool_for(self._generated_from))
         self.shadows = ShadowDrafts(self.estimates.observe_draft)
         self._scaled: tuple | None = None     # the last scaling lookup's (greedy, predicted)
 

@@ -16,7 +16,9 @@ So the learnt counts (per key, and the whole-draft ratios) persist, per bundle c
 under `$REDWOOD_CACHE/acceptance/`: loaded when a CLI or server process builds its model,
 saved when a request finishes. They stay adaptive: each key keeps at most MAX_TRIALS trials
 (MAX_DRAFT_TOKENS predicted tokens for a draft ratio), older evidence scaled down to make room,
-so a machine that moves from chat to edits relearns within a few requests. Processes sharing a
+so a machine that moves from chat to edits relearns within a few requests. A model pooling
+requests by prompt kind (decode/ngram_acceptance.py, LONG_PROMPT) keeps each kind's counts
+apart in the file, under "kinds". Processes sharing a
 file each save what they know (last writer wins, under a file lock; nothing is half-written).
 `REDWOOD_LEARNED_RATES=0` turns it off (the test suite does, for repeatable runs). Drafter-side
 only: what is proposed changes, never how it is verified, so exactness is untouched.
@@ -29,9 +31,10 @@ import os
 import sys
 from pathlib import Path
 
-from redwood.decode.ngram_acceptance import DEPTH_BUCKETS, MATCH_BUCKETS, AcceptanceModel
+from redwood.decode.ngram_acceptance import (DEPTH_BUCKETS, LONG_PROMPT, MATCH_BUCKETS,
+                                             PROMPT_KINDS, AcceptanceModel)
 
-FORMAT = 1
+FORMAT = 2             # 2: the pools by prompt kind (1: one pool)
 MAX_TRIALS = 128.0
 MAX_DRAFT_TOKENS = 256.0
 ENV = "REDWOOD_LEARNED_RATES"
@@ -53,28 +56,33 @@ def learned_rates_path(calibration_file=None, cache_dir=None) -> Path | None:
     priors = hashlib.sha256(Path(calibration_file).read_bytes()).hexdigest() \
         if calibration_file else "built-in"
     key = {"format": FORMAT, "match_buckets": MATCH_BUCKETS, "depth_buckets": DEPTH_BUCKETS,
-           "priors": priors}
+           "prompt_kinds": [LONG_PROMPT, len(PROMPT_KINDS)], "priors": priors}
     return cache_root(cache_dir) / "acceptance" / f"rates-{key_digest(key)}.json"
 
 
 def load_learned(model: AcceptanceModel, path: Path) -> bool:
-    """Add the counts saved at `path` to `model` (a fresh one). Returns whether any loaded; a
-    missing file loads nothing, a damaged one is reported on stderr and ignored."""
+    """Add the counts saved at `path` to `model` (a fresh one; with by_prompt, to its pools by
+    prompt kind too). Returns whether any loaded; a missing file loads nothing, a damaged one
+    is reported on stderr and ignored."""
     try:
         data = json.loads(Path(path).read_text())
         if data.get("format") != FORMAT:
             return False
-        counts = {_key(text, 4): _pair(v) for text, v in data["counts"].items()}
-        drafts = {_key(text, 2): _pair(v) for text, v in data["drafts"].items()}
+        own = _counts(data)
+        kinds = {int(kind): _counts(part) for kind, part in data.get("kinds", {}).items()}
+        if any(kind not in range(len(PROMPT_KINDS)) for kind in kinds):
+            raise ValueError(f"prompt kinds {sorted(kinds)} are not {list(PROMPT_KINDS)}")
     except FileNotFoundError:
         return False
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         print(f"redwood: ignoring damaged learnt n-gram rates {path} ({error}); "
               "they are rebuilt as requests finish", file=sys.stderr)
         return False
-    model.counts.update(counts)
-    model.drafts.update(drafts)
-    return bool(counts or drafts)
+    loaded = _add(model, *own)
+    for kind, (counts, drafts) in kinds.items():
+        if model.by_prompt:               # a model of one pool has no use for the kinds'
+            loaded |= _add(model.kind_pool(kind), counts, drafts)
+    return loaded
 
 
 def save_learned(model: AcceptanceModel, path: Path) -> None:
@@ -84,13 +92,11 @@ def save_learned(model: AcceptanceModel, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the process goes on from the capped counts too, so it stays as adaptive as the next one
-    model.counts.update({k: _capped(v, MAX_TRIALS) for k, v in model.counts.items()})
-    model.drafts.update({k: _capped(v, MAX_DRAFT_TOKENS) for k, v in model.drafts.items()})
-    counts = {_text(k): v for k, v in model.counts.items()}
-    drafts = {_text(k): v for k, v in model.drafts.items()}
+    data = {"format": FORMAT, **_capped_counts(model),
+            "kinds": {str(kind): _capped_counts(pool) for kind, pool in model.by_kind.items()}}
     with FileLock(str(path) + ".lock"):
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "counts": counts, "drafts": drafts}))
+        tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
 
 
@@ -112,6 +118,26 @@ def _save_quietly(model: AcceptanceModel, path: Path) -> None:
         print(f"redwood: cannot save learnt n-gram rates to {path} ({error}); "
               f"set {ENV}=0 or REDWOOD_CACHE to a writable directory", file=sys.stderr)
         model.persist = None
+
+
+def _counts(data: dict) -> tuple[dict, dict]:
+    """One pool's (counts, drafts) as saved."""
+    return ({_key(text, 4): _pair(v) for text, v in data["counts"].items()},
+            {_key(text, 2): _pair(v) for text, v in data["drafts"].items()})
+
+
+def _add(model: AcceptanceModel, counts: dict, drafts: dict) -> bool:
+    model.counts.update(counts)
+    model.drafts.update(drafts)
+    return bool(counts or drafts)
+
+
+def _capped_counts(model: AcceptanceModel) -> dict:
+    """The pool's counts capped (module doc), in the model and as saved."""
+    model.counts.update({k: _capped(v, MAX_TRIALS) for k, v in model.counts.items()})
+    model.drafts.update({k: _capped(v, MAX_DRAFT_TOKENS) for k, v in model.drafts.items()})
+    return {"counts": {_text(k): v for k, v in model.counts.items()},
+            "drafts": {_text(k): v for k, v in model.drafts.items()}}
 
 
 def _capped(value, most: float) -> list[float]:

@@ -154,9 +154,11 @@ def calibrate_ngram(target, prompts: list[torch.Tensor], temperature: float,
 def acceptance_model(bundle=None, learned: bool = False) -> AcceptanceModel:
     """A fresh n-gram acceptance model: priors from the bundle's calibration when it has one.
     learned: with the rates earlier requests on this machine taught it, kept up to date as
-    requests finish (measure/learned_rates.py; off where REDWOOD_LEARNED_RATES=0)."""
+    requests finish (measure/learned_rates.py; off where REDWOOD_LEARNED_RATES=0). Requests
+    learn in one pool per kind of prompt (AcceptanceModel.pool_for)."""
     from redwood.measure.learned_rates import with_learned_rates
 
     path = getattr(bundle, "ngram_acceptance", None) if bundle is not None else None
-    model = AcceptanceModel(calibration=NgramCalibration.load(path).counts if path else None)
+    model = AcceptanceModel(calibration=NgramCalibration.load(path).counts if path else None,
+                            by_prompt=True)
     return with_learned_rates(model, path) if learned else model

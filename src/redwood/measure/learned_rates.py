@@ -80,7 +80,7 @@ def load_learned(model: AcceptanceModel, path: Path) -> bool:
         return False
     loaded = _add(model, *own)
     for kind, (counts, drafts) in kinds.items():
-        if model.by_prompt:               # a model of one pool has no use for the kinds'
+        if model.by_prompt:               # a one-pool model reads its own counts only
             loaded |= _add(model.kind_pool(kind), counts, drafts)
     return loaded
 

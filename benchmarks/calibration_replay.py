@@ -1,0 +1,206 @@
+"""Where do the n-gram drafter's predictions miss? Its acceptance estimates replayed, key by key,
+on every recorded target sample of a prompt set.
+
+    python benchmarks/calibration_replay.py --prompt-set chat --temperature 0.6 \\
+        benchmarks/results/*servers*.raw.json --out benchmarks/results/calibration-replay-chat-t0.6
+
+A live server reports predicted against kept tokens per drafting step per request (`--json`,
+`/metrics`), but on chat a request drafts about once, so one benchmark run holds a few tens of
+steps and cannot tell a 10 % bias from noise. Every answer a server benchmark recorded from
+plain llama-server or from redwood is a sample of the target at that temperature (redwood's
+verifiers are exact; the bench asks every server for pure temperature sampling), and a sample
+follows a point-mass draft exactly as often as the verifier would keep it. So this replays
+redwood's n-gram drafter (as `serve` builds it: shipped calibration, pools by prompt kind,
+learning, memory; this machine's first-use profile as its costs, no live costs) over each
+recorded answer: one fresh drafter per (file, round, method), a fresh server's, answers in run
+order. It reports:
+
+- per node key (match bucket, depth, later sibling): the rate the drafter used for every node
+  it proposed that verification would have tried, against how often the sample kept it;
+- per drafted step, by the bucket of its first node: predicted tokens (E(n), bonus included)
+  against tokens kept;
+- the whole set's predicted / kept with a 95 % bootstrap interval over prompts (answers of one
+  prompt resampled together: they share its matches).
+
+The replay ignores live costs (a live server drafts less where steps cost more than the profile
+said), so its step counts are not a server's; its calibration by key is what it is for.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# the methods whose answers are target samples (llama.cpp's own speculation is left out)
+SAMPLE_METHODS = ("llama-server", "llama-server-2", "redwood", "redwood-ngram", "redwood-auto")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", nargs="+", help="server benchmarks' .raw.json files")
+    parser.add_argument("--prompt-set", required=True)
+    parser.add_argument("--temperature", type=float, required=True)
+    parser.add_argument("--out", help="write OUT.json and OUT.md")
+    args = parser.parse_args(argv)
+
+    from copy_ceiling import _drafter, _machine, _prompt_ids
+
+    profile, tokenizer, pair = _machine()
+    tally, answers = Tally(), 0
+    for path in args.raw:
+        records = [r for r in json.loads(Path(path).read_text())
+                   if r["prompt_set"] == args.prompt_set and r["temperature"] == args.temperature
+                   and r["method"] in SAMPLE_METHODS and r.get("text")]
+        if not records:
+            continue
+        ids = _prompt_ids(pair, records)
+        for server in sorted({(r["round"], r["method"]) for r in records}):
+            drafter = _drafter(profile)
+            for r in records:
+                if (r["round"], r["method"]) != server or (r["prompt_set"], r["prompt"]) not in ids:
+                    continue
+                answer = tokenizer.encode(r["text"], add_special_tokens=False)
+                replay(drafter, ids[(r["prompt_set"], r["prompt"])], answer, args.temperature,
+                       tally.for_prompt(r["prompt"]))
+                answers += 1
+    if not answers:
+        parser.error(f"no {args.prompt_set} answers at T {args.temperature:g} in the files given")
+    report = tally.report(args.prompt_set, args.temperature, answers)
+    text = markdown(report)
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.out + ".md").write_text(text)
+        print(f"wrote {args.out}.json and {args.out}.md")
+    return 0
+
+
+class Tally:
+    """Counts per prompt: nodes[key label] = [sum of rates used, kept, tried]; steps[first
+    bucket] = [predicted tokens, kept tokens, steps]."""
+
+    def __init__(self):
+        self.prompts: dict[str, dict] = {}
+
+    def for_prompt(self, prompt: str) -> dict:
+        return self.prompts.setdefault(prompt, {"nodes": defaultdict(lambda: [0.0, 0, 0]),
+                                                "steps": defaultdict(lambda: [0.0, 0, 0])})
+
+    def total(self, part: str, prompts=None) -> dict[str, list]:
+        out: dict[str, list] = defaultdict(lambda: [0.0, 0, 0])
+        for name in prompts if prompts is not None else self.prompts:
+            for label, row in self.prompts[name][part].items():
+                out[label] = [a + b for a, b in zip(out[label], row)]
+        return out
+
+    def bias(self, prompts=None) -> float | None:
+        """Predicted / kept tokens over the drafted steps of `prompts`, minus 1."""
+        steps = self.total("steps", prompts).values()
+        kept = sum(row[1] for row in steps)
+        return sum(row[0] for row in steps) / kept - 1 if kept else None
+
+    def report(self, prompt_set: str, temperature: float, answers: int,
+               resamples: int = 2000, seed: int = 0) -> dict:
+        rng, names = random.Random(seed), sorted(self.prompts)
+        draws = sorted(b for b in (self.bias([rng.choice(names) for _ in names])
+                                   for _ in range(resamples)) if b is not None)
+        interval = [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]] \
+            if draws else None
+        return {"prompt_set": prompt_set, "temperature": temperature, "answers": answers,
+                "bias": self.bias(), "bias_95": interval,
+                "steps": sum(row[2] for row in self.total("steps").values()),
+                "nodes": dict(self.total("nodes")), "by_first_bucket": dict(self.total("steps")),
+                "by_prompt": {n: {"steps": sum(r[2] for r in self.total("steps", [n]).values()),
+                                  "bias": self.bias([n])} for n in names}}
+
+
+def replay(drafter, prompt: list[int], answer: list[int], temperature: float, tally: dict) -> None:
+    """Decode `answer` under the drafter's own proposals, counting into `tally` (Tally's
+    for_prompt) every proposed node verification would try (children of the kept path, in
+    rank order, up to the first one kept) and every drafted step's predicted and kept tokens."""
+    import torch
+
+    from redwood.decode.drafter import ChildChooser
+    from redwood.decode.layout import LayoutCache
+    from redwood.decode.ngram_acceptance import MATCH_LABELS, node_bucket
+    from redwood.decode.ngram_drafter import COPY_DEPTH
+    from redwood.decode.ngram_trees import ngram_budget_tree
+
+    greedy = temperature == 0
+    layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree(depth=COPY_DEPTH))
+    choose = ChildChooser(greedy=True) if greedy else \
+        ChildChooser(greedy=False, temperature=temperature)
+    drafter.prefill(torch.tensor(prompt[:-1]))
+    root, at = prompt[-1], 0
+    while at < len(answer):
+        proposal = drafter.propose(root, layout, choose)
+        trie, proposed = drafter._last[0], set(drafter._proposed)
+        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally["nodes"])
+        if proposed:
+            first = min(proposed, key=lambda u: (trie[u].depth, trie[u].rank))
+            row = tally["steps"][MATCH_LABELS[node_bucket(trie[first])]]
+            row[0] += proposal.expected_tokens
+            row[1] += len(kept) + 1
+            row[2] += 1
+        drafter.commit_tokens(kept)
+        at += len(kept) + 1
+        root = answer[at - 1] if at - 1 < len(answer) else root
+    drafter.finish()
+
+
+def _follow(drafter, trie, proposed: set, answer: list[int], at: int, greedy: bool,
+            nodes: dict) -> list[int]:
+    """The drafted tokens the answer keeps from position `at`, counting each tried node."""
+    from redwood.decode.ngram_acceptance import MATCH_LABELS
+
+    node, kept = 0, []
+    while True:
+        hit = None
+        for child in (c for c in trie[node].children if c in proposed):
+            key = drafter.model.key(greedy, trie[child])
+            row = nodes[key_label(key, MATCH_LABELS)]
+            row[0] += drafter.estimates.rate(key)
+            row[2] += 1
+            if at + len(kept) < len(answer) and trie[child].token == answer[at + len(kept)]:
+                row[1] += 1
+                hit = child
+                break
+        if hit is None:
+            return kept
+        kept.append(trie[hit].token)
+        node = hit
+
+
+def key_label(key: tuple, labels) -> str:
+    """"8-15 d1", "near d2 r2+": a node key's bucket, depth (6 = 6+) and later-sibling flag."""
+    return f"{labels[key[1]]} d{key[2] + 1}" + (" r2+" if key[3] else "")
+
+
+def markdown(report: dict) -> str:
+    low, high = report["bias_95"] or (float("nan"), float("nan"))
+    lines = [f"{report['prompt_set']} at T {report['temperature']:g}: {report['answers']} recorded "
+             f"answers replayed, {report['steps']} drafted steps, predicted / kept tokens per "
+             f"drafted step {report['bias']:+.1%} (95 % over prompts {low:+.1%} .. {high:+.1%})",
+             "", "| node key | tried | rate used | kept |", "|---|---|---|---|"]
+    for label, (rates, kept, tried) in sorted(report["nodes"].items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"| {label} | {tried} | {rates / tried:.3f} | {kept / tried:.3f} |")
+    lines += ["", "| first node's bucket | drafted steps | predicted / step | kept / step | "
+              "predicted / kept |", "|---|---|---|---|---|"]
+    for label, (predicted, kept, steps) in sorted(report["by_first_bucket"].items(),
+                                                   key=lambda kv: -kv[1][2]):
+        lines.append(f"| {label} | {steps} | {predicted / steps:.2f} | {kept / steps:.2f} | "
+                     f"{predicted / kept - 1:+.1%} |")
+    lines += ["", "| prompt | drafted steps | predicted / kept |", "|---|---|---|"]
+    for name, row in report["by_prompt"].items():
+        bias = "" if row["bias"] is None else f"{row['bias']:+.1%}"
+        lines.append(f"| {name} | {row['steps']} | {bias} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -182,10 +182,13 @@ def key_label(key: tuple, labels) -> str:
 
 
 def markdown(report: dict) -> str:
-    low, high = report["bias_95"] or (float("nan"), float("nan"))
-    lines = [f"{report['prompt_set']} at T {report['temperature']:g}: {report['answers']} recorded "
-             f"answers replayed, {report['steps']} drafted steps, predicted / kept tokens per "
-             f"drafted step {report['bias']:+.1%} (95 % over prompts {low:+.1%} .. {high:+.1%})",
+    head = f"{report['prompt_set']} at T {report['temperature']:g}: {report['answers']} recorded " \
+           f"answers replayed, {report['steps']} drafted steps"
+    if report["bias"] is not None:
+        low, high = report["bias_95"]
+        head += (f", predicted / kept tokens per drafted step {report['bias']:+.1%} "
+                 f"(95 % over prompts {low:+.1%} .. {high:+.1%})")
+    lines = [head,
              "", "| node key | tried | rate used | kept |", "|---|---|---|---|"]
     for label, (rates, kept, tried) in sorted(report["nodes"].items(), key=lambda kv: -kv[1][2]):
         lines.append(f"| {label} | {tried} | {rates / tried:.3f} | {kept / tried:.3f} |")

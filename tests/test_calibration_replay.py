@@ -51,6 +51,8 @@ def test_nothing_to_copy_drafts_nothing():
     tally = cr.Tally()
     cr.replay(_drafter(), [1, 2, 3], list(range(20, 60)), 0.6, tally.for_prompt("p"))
     assert not tally.total("steps") and tally.bias() is None
+    report = tally.report("chat", 0.6, answers=1, resamples=10)
+    assert report["bias_95"] is None and "0 drafted steps" in cr.markdown(report)
 
 
 def test_the_report_bootstraps_over_prompts():

@@ -140,7 +140,7 @@ def replay(drafter, prompt: list[int], answer: list[int], temperature: float, ta
     while at < len(answer):
         proposal = drafter.propose(root, layout, choose)
         trie, proposed = drafter._last[0], set(drafter._proposed)
-        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally["nodes"])
+        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally["nodes"], MATCH_LABELS)
         if proposed:
             first = min(proposed, key=lambda u: (trie[u].depth, trie[u].rank))
             row = tally["steps"][MATCH_LABELS[node_bucket(trie[first])]]
@@ -154,16 +154,15 @@ def replay(drafter, prompt: list[int], answer: list[int], temperature: float, ta
 
 
 def _follow(drafter, trie, proposed: set, answer: list[int], at: int, greedy: bool,
-            nodes: dict) -> list[int]:
-    """The drafted tokens the answer keeps from position `at`, counting each tried node."""
-    from redwood.decode.ngram_acceptance import MATCH_LABELS
-
+            nodes: dict, labels) -> list[int]:
+    """The drafted tokens the answer keeps from position `at`, counting each tried node with
+    the rate the drafter estimates for its key (before the draft ratio scales whole drafts)."""
     node, kept = 0, []
     while True:
         hit = None
         for child in (c for c in trie[node].children if c in proposed):
             key = drafter.model.key(greedy, trie[child])
-            row = nodes[key_label(key, MATCH_LABELS)]
+            row = nodes[key_label(key, labels)]
             row[0] += drafter.estimates.rate(key)
             row[2] += 1
             if at + len(kept) < len(answer) and trie[child].token == answer[at + len(kept)]:

@@ -24,6 +24,13 @@ order. It reports:
 
 The replay ignores live costs (a live server drafts less where steps cost more than the profile
 said), so its step counts are not a server's; its calibration by key is what it is for.
+
+Options: `--prompt-range 12:24` replays only those prompts of the set (chat's calibration
+split); `--flat-costs` drafts as if every tree size cost one step, so every key is tried however
+steep this machine is; `--taught-by humaneval` first replays that set's answers (uncounted) and
+shares one acceptance model between every drafter, as a machine's learnt-rates file shares it
+between servers; `--no-chat-pool` lets chat turns learn in the completions' pool, as before they
+had one of their own (the A/B of it, docs/design.md §3.3).
 """
 from __future__ import annotations
 
@@ -45,32 +52,49 @@ def main(argv=None) -> int:
     parser.add_argument("raw", nargs="+", help="server benchmarks' .raw.json files")
     parser.add_argument("--prompt-set", required=True)
     parser.add_argument("--temperature", type=float, required=True)
+    parser.add_argument("--prompt-range", default=None, metavar="START:STOP",
+                        help="only prompts START..STOP-1 of the set (e.g. 12:24, chat's "
+                             "calibration split)")
+    parser.add_argument("--taught-by", default=None, metavar="SET",
+                        help="first replay SET's answers (same files and temperature, not "
+                             "counted), and let every drafter share one acceptance model, as "
+                             "a machine's learnt-rates file shares it between servers")
+    parser.add_argument("--flat-costs", action="store_true",
+                        help="draft as if every tree size cost one step (the whole useful trie "
+                             "up to the budget, as `redwood calibrate --drafter ngram` does), "
+                             "not on this machine's profile: every key is tried, however steep "
+                             "this machine's costs")
+    parser.add_argument("--no-chat-pool", action="store_true",
+                        help="chat turns learn in the short prompts' pool with completions "
+                             "(as before chat requests had a pool of their own): the A/B of it")
     parser.add_argument("--out", help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
+    start, stop = _prompt_range(parser, args.prompt_range)
 
-    from copy_ceiling import _drafter, _machine, _prompt_ids
+    from copy_ceiling import _drafter, _machine
+
+    from redwood.measure.ngram_calibration import acceptance_model
+    from redwood.prompts import assistant_turn_ids
 
     profile, tokenizer, pair = _machine()
-    tally, answers = Tally(), 0
-    for path in args.raw:
-        records = [r for r in json.loads(Path(path).read_text())
-                   if r["prompt_set"] == args.prompt_set and r["temperature"] == args.temperature
-                   and r["method"] in SAMPLE_METHODS and r.get("text")]
-        if not records:
-            continue
-        ids = _prompt_ids(pair, records)
-        for server in sorted({(r["round"], r["method"]) for r in records}):
-            drafter = _drafter(profile)
-            for r in records:
-                if (r["round"], r["method"]) != server or (r["prompt_set"], r["prompt"]) not in ids:
-                    continue
-                answer = tokenizer.encode(r["text"], add_special_tokens=False)
-                replay(drafter, ids[(r["prompt_set"], r["prompt"])], answer, args.temperature,
-                       tally.for_prompt(r["prompt"]))
-                answers += 1
+    chat_turn = () if args.no_chat_pool else assistant_turn_ids(tokenizer)
+    shared = acceptance_model(_bundle(), chat_turn=chat_turn) if args.taught_by else None
+
+    def drafter():
+        return _drafter(None if args.flat_costs else profile, chat_turn=chat_turn, model=shared)
+
+    if args.taught_by:
+        replay_set(args.raw, args.taught_by, args.temperature, (0, None), drafter, tokenizer,
+                   pair, Tally())
+    tally = Tally()
+    answers = replay_set(args.raw, args.prompt_set, args.temperature, (start, stop), drafter,
+                         tokenizer, pair, tally)
     if not answers:
         parser.error(f"no {args.prompt_set} answers at T {args.temperature:g} in the files given")
     report = tally.report(args.prompt_set, args.temperature, answers)
+    report.update(taught_by=args.taught_by, prompt_range=args.prompt_range,
+                  costs="flat" if args.flat_costs else "this machine's profile",
+                  pools="no chat pool" if args.no_chat_pool else "chat pool")
     text = markdown(report)
     print(text)
     if args.out:
@@ -78,6 +102,58 @@ def main(argv=None) -> int:
         Path(args.out + ".md").write_text(text)
         print(f"wrote {args.out}.json and {args.out}.md")
     return 0
+
+
+def _prompt_range(parser, text: str | None) -> tuple[int, int | None]:
+    if text is None:
+        return 0, None
+    try:
+        start, stop = (int(part) for part in text.split(":"))
+    except ValueError:
+        parser.error(f"--prompt-range wants START:STOP (two integers), not {text!r}")
+    if not 0 <= start < stop:
+        parser.error(f"--prompt-range {text}: needs 0 <= START < STOP")
+    return start, stop
+
+
+def _bundle():
+    from redwood.measure.bundles import find_bundle
+
+    return find_bundle("auto", "qwen2.5-coder", "llamacpp")
+
+
+def replay_set(paths, prompt_set: str, temperature: float, prompt_range, new_drafter,
+               tokenizer, pair, tally) -> int:
+    """Replay every recorded answer of `prompt_set` at `temperature` (prompts within
+    prompt_range, (start, stop or None)) in the files at `paths`: one new_drafter() per (file,
+    round, method), answers in run order. Returns how many answers were replayed."""
+    from copy_ceiling import _prompt_ids
+
+    start, stop = prompt_range
+    answers = 0
+    for path in paths:
+        records = [r for r in json.loads(Path(path).read_text())
+                   if r["prompt_set"] == prompt_set and r["temperature"] == temperature
+                   and r["method"] in SAMPLE_METHODS and r.get("text")
+                   and start <= prompt_index(r["prompt"]) < (stop or 1 << 30)]
+        if not records:
+            continue
+        ids = _prompt_ids(pair, records)
+        for server in sorted({(r["round"], r["method"]) for r in records}):
+            drafter = new_drafter()
+            for r in records:
+                if (r["round"], r["method"]) != server or (r["prompt_set"], r["prompt"]) not in ids:
+                    continue
+                answer = tokenizer.encode(r["text"], add_special_tokens=False)
+                replay(drafter, ids[(r["prompt_set"], r["prompt"])], answer, temperature,
+                       tally.for_prompt(r["prompt"]))
+                answers += 1
+    return answers
+
+
+def prompt_index(name: str) -> int:
+    """7 for "chat-7": a prompt's place in its set."""
+    return int(name.rsplit("-", 1)[1])
 
 
 class Tally:
@@ -140,7 +216,7 @@ def replay(drafter, prompt: list[int], answer: list[int], temperature: float, ta
     while at < len(answer):
         proposal = drafter.propose(root, layout, choose)
         trie, proposed = drafter._last[0], set(drafter._proposed)
-        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally["nodes"], MATCH_LABELS)
+        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally, MATCH_LABELS)
         if proposed:
             first = min(proposed, key=lambda u: (trie[u].depth, trie[u].rank))
             row = tally["steps"][MATCH_LABELS[node_bucket(trie[first])]]
@@ -154,7 +230,7 @@ def replay(drafter, prompt: list[int], answer: list[int], temperature: float, ta
 
 
 def _follow(drafter, trie, proposed: set, answer: list[int], at: int, greedy: bool,
-            nodes: dict, labels) -> list[int]:
+            tally: dict, labels) -> list[int]:
     """The drafted tokens the answer keeps from position `at`, counting each tried node with
     the rate the drafter estimates for its key (before the draft ratio scales whole drafts)."""
     node, kept = 0, []
@@ -162,7 +238,7 @@ def _follow(drafter, trie, proposed: set, answer: list[int], at: int, greedy: bo
         hit = None
         for child in (c for c in trie[node].children if c in proposed):
             key = drafter.model.key(greedy, trie[child])
-            row = nodes[key_label(key, labels)]
+            row = tally["nodes"][key_label(key, labels)]
             row[0] += drafter.estimates.rate(key)
             row[2] += 1
             if at + len(kept) < len(answer) and trie[child].token == answer[at + len(kept)]:
@@ -187,7 +263,9 @@ def markdown(report: dict) -> str:
         low, high = report["bias_95"]
         head += (f", predicted / kept tokens per drafted step {report['bias']:+.1%} "
                  f"(95 % over prompts {low:+.1%} .. {high:+.1%})")
-    lines = [head,
+    notes = [f"{name}: {report[name]}" for name in ("costs", "pools", "prompt_range", "taught_by")
+             if report.get(name)]
+    lines = [head + (f" ({'; '.join(notes)})" if notes else ""),
              "", "| node key | tried | rate used | kept |", "|---|---|---|---|"]
     for label, (rates, kept, tried) in sorted(report["nodes"].items(), key=lambda kv: -kv[1][2]):
         lines.append(f"| {label} | {tried} | {rates / tried:.3f} | {kept / tried:.3f} |")

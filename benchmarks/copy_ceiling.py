@@ -60,7 +60,10 @@ def main(argv=None) -> int:
         parser.error(f"{args.raw} has no records at temperature {args.temperature:g}")
     profile, tokenizer, pair = _machine()
     prompts = _prompt_ids(pair, records)
-    drafter, alone = _drafter(profile), _drafter(profile, memory=False)
+    from redwood.prompts import assistant_turn_ids
+
+    turn = assistant_turn_ids(tokenizer)
+    drafter, alone = _drafter(profile, chat_turn=turn), _drafter(profile, False, turn)
     earlier: list[list[int]] = []          # answers so far in run order (the memory's text)
     rows = []
     for (prompt_set, name), ids in prompts.items():
@@ -238,7 +241,10 @@ def _prompt_ids(pair, records) -> dict:
     return {(p.prompt_set, p.name): p.ids.tolist() for p in prompts if (p.prompt_set, p.name) in wanted}
 
 
-def _drafter(profile, memory: bool = True):
+def _drafter(profile, memory: bool = True, chat_turn: tuple[int, ...] = (), model=None):
+    """A fresh drafter as `serve` builds it; chat_turn: the ids opening the assistant's turn
+    (chat requests' own pool); model: an acceptance model to share (None: a fresh one);
+    profile None: flat costs (every tree size one step: the whole useful trie is drafted)."""
     from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
     from redwood.decode.ngram_memory import NgramMemory
     from redwood.measure.bundles import find_bundle
@@ -246,9 +252,12 @@ def _drafter(profile, memory: bool = True):
 
     bundle = find_bundle("auto", "qwen2.5-coder", "llamacpp")
     # as `serve --drafter ngram` builds it (cli/textgen.use_ngram_drafter), without live costs
-    return NgramDrafter(target_ms=profile.target_ms,
-                        target_ms_by_context=profile.target_ms_by_context,
-                        model=acceptance_model(bundle), max_length=COPY_DEPTH,
+    return NgramDrafter(target_ms=profile.target_ms if profile is not None else None,
+                        target_ms_by_context=profile.target_ms_by_context
+                        if profile is not None else None,
+                        model=model if model is not None else
+                        acceptance_model(bundle, chat_turn=chat_turn),
+                        max_length=COPY_DEPTH,
                         memory=NgramMemory(max_tokens=32768) if memory else None)
 
 

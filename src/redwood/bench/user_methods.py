@@ -38,16 +38,19 @@ def ngram_spec(factory, setting: Setting) -> MethodSpec:
     from redwood.decode.ngram_trees import ngram_budget_tree
 
     from redwood.measure.ngram_calibration import acceptance_model
+    from redwood.prompts import assistant_turn_ids
 
     profile, bundle = factory.machine_profile(), factory.inputs.bundle
     pair = factory.pair
+    chat_turn = assistant_turn_ids(pair.tokenizer)
     engine = factory.cached_engine(("ngram",), lambda: Engine(
         pair.target, pair.draft, ngram_budget_tree(),
         drafter=NgramDrafter(target_ms=profile.target_ms), profile=profile))
     inner = redwood_runner(engine, "sequoia", source="ngram")
 
     def run(input_ids, setting, seed, max_new_tokens):                # fresh per request
-        engine.drafter = NgramDrafter(target_ms=profile.target_ms, model=acceptance_model(bundle))
+        engine.drafter = NgramDrafter(target_ms=profile.target_ms,
+                                      model=acceptance_model(bundle, chat_turn=chat_turn))
         return inner(input_ids, setting, seed, max_new_tokens)
 
     tree = engine.tree
@@ -63,9 +66,11 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
     from redwood.decode.hybrid_drafter import hybrid_drafting
     from redwood.measure.hybrid_plans import hybrid_plans
     from redwood.measure.ngram_calibration import acceptance_model
+    from redwood.prompts import assistant_turn_ids
 
     profile, inputs, pair = factory.machine_profile(), factory.inputs, factory.pair
     plans = hybrid_plans(profile, inputs.bundle)
+    chat_turn = assistant_turn_ids(pair.tokenizer)
     engine = factory.cached_engine(("hybrid",), lambda: Engine(pair.target, pair.draft,
                                                                profile=profile))
     temperature = setting.temperature
@@ -74,7 +79,8 @@ def hybrid_spec(factory, setting: Setting) -> MethodSpec:
 
     def run(input_ids, setting, seed, max_new_tokens):             # fresh per request
         engine.drafter, engine.tree = hybrid_drafting(engine, plans, profile, [temperature],
-                                                      acceptance=acceptance_model(inputs.bundle))
+                                                      acceptance=acceptance_model(
+                                                          inputs.bundle, chat_turn=chat_turn))
         return inner(input_ids, setting, seed, max_new_tokens)
 
     model_tree, expected, _ = plans(temperature)

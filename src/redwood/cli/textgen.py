@@ -10,7 +10,7 @@ from redwood.decode.engine import Engine
 from redwood.decode.params import SamplingParams, check_draft_confidence
 from redwood.decode.stats import GenerationResult
 from redwood.errors import RedwoodError
-from redwood.prompts import encode_prompt
+from redwood.prompts import assistant_turn_ids, encode_prompt
 
 
 @dataclass
@@ -102,14 +102,15 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
         choose_kernels(loaded.target, loaded.draft, progress)
     engine = Engine(loaded.target, loaded.draft, tree, confidence or 0.0)
     if config.drafter == "ngram":
-        use_ngram_drafter(engine, progress, bundle)
+        use_ngram_drafter(engine, progress, bundle, assistant_turn_ids(loaded.tokenizer))
     elif config.drafter in ("hybrid", "auto"):
         if config.drafter == "auto" and bundle is None:
             raise RedwoodError("--drafter auto picks a drafter per temperature from a tuned "
                                "bundle (--tree auto or a bundle directory); give one, or "
                                "--drafter model|ngram|hybrid")
         use_hybrid_drafter(engine, bundle, None if bundle is not None else tree, progress,
-                           auto=config.drafter == "auto", bundle_latencies=config.bundle_latencies)
+                           auto=config.drafter == "auto", bundle_latencies=config.bundle_latencies,
+                           chat_turn=assistant_turn_ids(loaded.tokenizer))
     elif bundle is not None and not config.bundle_latencies:
         from redwood.measure.machine_profile import machine_profile
 
@@ -125,12 +126,14 @@ def load_engine(config: ModelConfig, progress: bool = True, temperature: float =
     return engine, loaded.tokenizer
 
 
-def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
+def use_ngram_drafter(engine, progress: bool = True, bundle=None,
+                      chat_turn: tuple[int, ...] = ()) -> None:
     """Draft by prompt lookup: free proposals, each step's tree sized by the drafter's cost
     model on this machine's t(n) (measured once, cached; read at the request's context where
     the profile timed several, as on llama.cpp) and corrected by the request's live costs,
     so the drafter decides every step itself (no governor: NgramDrafter.sizes_itself); its
-    acceptance priors from the bundle's n-gram calibration when it has one."""
+    acceptance priors from the bundle's n-gram calibration when it has one; chat_turn: the ids
+    opening the assistant's turn of the model's chat template (chat requests' own pool)."""
     from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
     from redwood.decode.ngram_trees import ngram_budget_tree
     from redwood.measure.machine_profile import machine_profile
@@ -139,7 +142,8 @@ def use_ngram_drafter(engine, progress: bool = True, bundle=None) -> None:
     engine.profile = machine_profile(engine.target_backend, engine.draft_backend, progress=progress)
     engine.drafter = NgramDrafter(target_ms=engine.profile.target_ms,
                                   target_ms_by_context=engine.profile.target_ms_by_context,
-                                  model=acceptance_model(bundle, learned=True),
+                                  model=acceptance_model(bundle, learned=True,
+                                                         chat_turn=chat_turn),
                                   max_length=COPY_DEPTH)
     engine.tree, engine.draft_confidence = ngram_budget_tree(depth=COPY_DEPTH), 0.0
 
@@ -161,7 +165,8 @@ def attach_ngram_memory(engine, max_tokens: int) -> bool:
 
 
 def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
-                       auto: bool = False, bundle_latencies: bool = False) -> None:
+                       auto: bool = False, bundle_latencies: bool = False,
+                       chat_turn: tuple[int, ...] = ()) -> None:
     """Draft with both: n-gram continuations grafted onto the draft model's tree, each step
     spent where this machine's costs and the request's live acceptance say it pays
     (decode/hybrid_drafter.py). The model's trees: the bundle's acceptance vectors planned for
@@ -178,7 +183,8 @@ def use_hybrid_drafter(engine, bundle=None, tree=None, progress: bool = True,
     plans = hybrid_plans(engine.profile, bundle, tree, auto, bundle_latencies)
     temperatures = [e.temperature for e in bundle.entries] if bundle is not None else [0.0]
     engine.drafter, engine.tree = hybrid_drafting(engine, plans, engine.profile, temperatures,
-                                                  acceptance=acceptance_model(bundle, learned=True))
+                                                  acceptance=acceptance_model(
+                                                      bundle, learned=True, chat_turn=chat_turn))
     engine.draft_confidence = 0.0
 
 

@@ -50,13 +50,36 @@ PRIOR_WEIGHT = 4.0           # the prior counts as this many observations
 # chat and HumanEval predicted +27 % / +45 % against +9 % / +16 % from the priors alone
 # (docs/design.md §3.3). Every prompt set measured has all its prompts on one side of 256
 # tokens except retrieval answers (161-894).
+# A short prompt is told apart once more by its format: a chat turn (the prompt ends by
+# opening the assistant's turn in the model's chat template) is answered in prose that
+# restates the question and goes its own way, a raw completion continues its text. They keep
+# the same keys at different rates: replayed on recorded answers at T 0.6, an 8-15-token prompt
+# match at depth 1 was kept 0.61 of the time in chat and 0.87 in HumanEval, a 4-7 match 0.65
+# and 0.80, an edit rule 0.11 and 0.81; and the learnt-rates file carried HumanEval's rates to
+# chat, whose live runs predicted +13 % over what they kept (docs/design.md §3.3).
 LONG_PROMPT = 256
-PROMPT_KINDS = ("short", "long")
+PROMPT_KINDS = ("short", "long", "chat")
+SHORT_KIND, LONG_KIND, CHAT_KIND = 0, 1, 2
 
 
-def prompt_kind(prompt_tokens: int) -> int:
-    """The pool a request of `prompt_tokens` prompt tokens learns in (PROMPT_KINDS index)."""
-    return int(prompt_tokens >= LONG_PROMPT)
+def prompt_kind(prompt_tokens: int, chat: bool = False) -> int:
+    """The pool a request of `prompt_tokens` prompt tokens learns in (PROMPT_KINDS index);
+    chat: its prompt opens the assistant's turn of a chat template (chat_turn_opened)."""
+    if prompt_tokens >= LONG_PROMPT:
+        return LONG_KIND
+    return CHAT_KIND if chat else SHORT_KIND
+
+
+def chat_turn_opened(prompt: list[int], chat_turn: tuple[int, ...]) -> bool:
+    """Whether `prompt` ends with `chat_turn`, the tokens that open the assistant's turn in the
+    model's chat template (prompts.assistant_turn_ids; empty: the model has no template), or
+    with all of them but the last: a drafter is often given the prompt before its first root
+    (the last prompt token)."""
+    turn = tuple(chat_turn)
+    if not turn:
+        return False
+    tail = tuple(prompt[-len(turn):])
+    return tail == turn or (len(turn) > 1 and tail[1:] == turn[:-1])
 
 
 def match_bucket(match: int) -> int:
@@ -88,13 +111,16 @@ class AcceptanceModel:
     calibration: measured counts per key (measure/ngram_calibration.py); a key observed at
     least CALIBRATED_MIN times there takes its measured rate as its prior, others the guesses.
     by_prompt: requests learn in one pool per prompt kind (pool_for; by_kind), each from the
-    same priors; else every request learns in this model's own counts."""
+    same priors; else every request learns in this model's own counts. chat_turn: the token
+    ids that open the assistant's turn in the model's chat template (a short prompt ending
+    with them is a chat request, its own pool; empty: no chat template, none is)."""
 
     CALIBRATED_MIN = 8
 
     def __init__(self, prior_rank1=PRIOR_RANK1, prior_later=PRIOR_LATER,
                  prior_weight: float = PRIOR_WEIGHT, calibration: dict | None = None,
-                 prior_self_sampled: float | None = PRIOR_SELF_SAMPLED, by_prompt: bool = False):
+                 prior_self_sampled: float | None = PRIOR_SELF_SAMPLED, by_prompt: bool = False,
+                 chat_turn: tuple[int, ...] = ()):
         """prior_rank1: by match bucket (greedy and sampled keys); prior_self_sampled: the
         self-8+ bucket's for sampled keys instead (None: prior_rank1's)."""
         if len(prior_rank1) != MATCH_BUCKETS or not all(0 <= p <= 1 for p in prior_rank1):
@@ -111,12 +137,16 @@ class AcceptanceModel:
         # persist(model) after each request (measure/learned_rates.py), or None: not kept
         self.persist = None
         self.by_prompt = bool(by_prompt)
+        self.chat_turn = tuple(int(t) for t in chat_turn)  # opens the assistant's turn
         self.by_kind: dict[int, AcceptanceModel] = {}       # prompt_kind -> its pool
 
-    def pool_for(self, prompt_tokens: int) -> AcceptanceModel:
-        """The model a request with `prompt_tokens` prompt tokens learns in: this one, or with
-        by_prompt its prompt kind's pool."""
-        return self.kind_pool(prompt_kind(prompt_tokens)) if self.by_prompt else self
+    def pool_for(self, prompt: list[int]) -> AcceptanceModel:
+        """The model a request with the token ids `prompt` learns in: this one, or with
+        by_prompt its prompt kind's pool (its length, and whether it opens the assistant's
+        turn of self.chat_turn)."""
+        if not self.by_prompt:
+            return self
+        return self.kind_pool(prompt_kind(len(prompt), chat_turn_opened(prompt, self.chat_turn)))
 
     def kind_pool(self, kind: int) -> AcceptanceModel:
         """The pool of prompt kind `kind` (PROMPT_KINDS index), made on first use with this

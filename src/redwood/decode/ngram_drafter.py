@@ -143,7 +143,8 @@ class NgramDrafter:
         its text reaches the memory all the same (under the opt-out it started with)."""
         self._finish(self._store_on_finish)
         self.index = NgramIndex(**self.ngram)
-        self.index.extend(torch.as_tensor(prompt_ids).reshape(-1).tolist())
+        prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
+        self.index.extend(prompt)
         self._generated_from = len(self.index)                  # index.tokens[this:]: its output
         self.index.prompt_end = self._generated_from
         self._finished, self._store_on_finish = False, bool(self.use_memory)
@@ -156,7 +157,7 @@ class NgramDrafter:
         # this request's proposed drafts by match length: label -> [accepted, proposed]
         self.match_counts: dict[str, list[int]] = {}
         # the model as this request learns it, in the pool of its kind of prompt
-        self.estimates = RequestEstimates(self.model.pool_for(self._generated_from))
+        self.estimates = RequestEstimates(self.model.pool_for(prompt))
         self.shadows = ShadowDrafts(self.estimates.observe_draft)
         self._scaled: tuple | None = None     # the last scaling lookup's (greedy, predicted)
 

@@ -17,8 +17,10 @@ under `$REDWOOD_CACHE/acceptance/`: loaded when a CLI or server process builds i
 saved when a request finishes. They stay adaptive: each key keeps at most MAX_TRIALS trials
 (MAX_DRAFT_TOKENS predicted tokens for a draft ratio), older evidence scaled down to make room,
 so a machine that moves from chat to edits relearns within a few requests. A model pooling
-requests by prompt kind (decode/ngram_acceptance.py, LONG_PROMPT) keeps each kind's counts
-apart in the file, under "kinds". Processes sharing a
+requests by prompt kind (decode/ngram_acceptance.py, PROMPT_KINDS: short raw completions,
+long prompts, short chat turns) keeps each kind's counts apart in the file, under "kinds"; the
+file's name changes with the number of kinds, so a file of fewer kinds is left unread and
+rebuilt. Processes sharing a
 file each save what they know (last writer wins, under a file lock; nothing is half-written).
 `REDWOOD_LEARNED_RATES=0` turns it off (the test suite does, for repeatable runs). Drafter-side
 only: what is proposed changes, never how it is verified, so exactness is untouched.

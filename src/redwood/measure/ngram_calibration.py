@@ -151,14 +151,17 @@ def calibrate_ngram(target, prompts: list[torch.Tensor], temperature: float,
                              "seconds": round(time.perf_counter() - start, 1)})
 
 
-def acceptance_model(bundle=None, learned: bool = False) -> AcceptanceModel:
+def acceptance_model(bundle=None, learned: bool = False,
+                     chat_turn: tuple[int, ...] = ()) -> AcceptanceModel:
     """A fresh n-gram acceptance model: priors from the bundle's calibration when it has one.
     learned: with the rates earlier requests on this machine taught it, kept up to date as
     requests finish (measure/learned_rates.py; off where REDWOOD_LEARNED_RATES=0). Requests
-    learn in one pool per kind of prompt (AcceptanceModel.pool_for)."""
+    learn in one pool per kind of prompt (AcceptanceModel.pool_for); chat_turn: the ids that
+    open the assistant's turn in the model's chat template (prompts.assistant_turn_ids), which
+    tell a chat request's prompt from a raw completion's."""
     from redwood.measure.learned_rates import with_learned_rates
 
     path = getattr(bundle, "ngram_acceptance", None) if bundle is not None else None
     model = AcceptanceModel(calibration=NgramCalibration.load(path).counts if path else None,
-                            by_prompt=True)
+                            by_prompt=True, chat_turn=chat_turn)
     return with_learned_rates(model, path) if learned else model

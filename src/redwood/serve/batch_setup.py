@@ -130,6 +130,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
     from redwood.backends.llamacpp_multi import MultiSeqContext
     from redwood.decode.native_sampling import prepare as prepare_native
     from redwood.models.hf_loading import load_tokenizer
+    from redwood.prompts import assistant_turn_ids
 
     if drafter not in ("model", "ngram", "auto"):
         raise RedwoodError(f"continuous batching drafts with the draft model or by prompt "
@@ -137,6 +138,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
                            f"{drafter!r}; use --max-batch 1 for it")
     target, draft, tokenizer_source, pair = _model_paths(model, target, draft, progress)
     fixed, bundle = _trees(tree, pair)                      # checked before minutes of loading
+    tokenizer = load_tokenizer(tokenizer_source)
     lanes = max_batch or MAX_LANES
     leaves = max(1, min(MAX_BUDGET, 256 // lanes))
     n_ctx = lanes * CELLS_PER_LANE
@@ -151,7 +153,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
                 else "model"
         if method != "autoregressive" and drafter == "ngram":
             profile = profile or _machine_profile(contexts[0], draft, progress, cache_dir)
-            ngram = _ngram_drafting(profile, bundle, ngram_memory)
+            ngram = _ngram_drafting(profile, bundle, ngram_memory, assistant_turn_ids(tokenizer))
             max_batch = max_batch or lanes
         elif method != "autoregressive":
             contexts.append(MultiSeqContext.load(draft, lanes, leaves, n_ctx, N_BATCH, n_threads))
@@ -161,7 +163,7 @@ def load_batch_scheduler(model=None, target=None, draft=None, tree=None, max_bat
                                    prefix_cache=prefix_cache, cache_tokens=cache_tokens,
                                    lone_prefill_chunk=N_BATCH, ngram=ngram)
         prepare_native()         # the plain sampler's C call built now, not in a request
-        return scheduler, load_tokenizer(tokenizer_source)
+        return scheduler, tokenizer
     except BaseException:
         for ctx in contexts:
             ctx.close()
@@ -192,15 +194,17 @@ def _machine_profile(target, draft_path, progress, cache_dir) -> Profile:
         target.backend.reset()
 
 
-def _ngram_drafting(profile: Profile, bundle, memory_tokens: int):
+def _ngram_drafting(profile: Profile, bundle, memory_tokens: int, chat_turn: tuple[int, ...]):
     """The batch's prompt-lookup drafting: this machine's profile, the bundle's n-gram priors,
-    a memory of earlier answers of memory_tokens (0 = none)."""
+    a memory of earlier answers of memory_tokens (0 = none); chat_turn: the ids that open the
+    assistant's turn in the model's chat template (chat requests learn in their own pool)."""
     from redwood.decode.ngram_memory import NgramMemory
     from redwood.measure.ngram_calibration import acceptance_model
     from redwood.serve.batch_ngram import BatchNgramDrafting
 
     memory = NgramMemory(max_tokens=memory_tokens) if memory_tokens > 0 else None
-    return BatchNgramDrafting(profile, lambda: acceptance_model(bundle, learned=True),
+    return BatchNgramDrafting(profile, lambda: acceptance_model(bundle, learned=True,
+                                                                chat_turn=chat_turn),
                               memory)
 
 

@@ -71,14 +71,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start, stop = _prompt_range(parser, args.prompt_range)
 
-    from copy_ceiling import _drafter, _machine
+    from copy_ceiling import _drafter, _machine, shipped_bundle
 
     from redwood.measure.ngram_calibration import acceptance_model
     from redwood.prompts import assistant_turn_ids
 
     profile, tokenizer, pair = _machine()
     chat_turn = () if args.no_chat_pool else assistant_turn_ids(tokenizer)
-    shared = acceptance_model(_bundle(), chat_turn=chat_turn) if args.taught_by else None
+    shared = acceptance_model(shipped_bundle(), chat_turn=chat_turn) if args.taught_by else None
 
     def drafter():
         return _drafter(None if args.flat_costs else profile, chat_turn=chat_turn, model=shared)
@@ -114,12 +114,6 @@ def _prompt_range(parser, text: str | None) -> tuple[int, int | None]:
     if not 0 <= start < stop:
         parser.error(f"--prompt-range {text}: needs 0 <= START < STOP")
     return start, stop
-
-
-def _bundle():
-    from redwood.measure.bundles import find_bundle
-
-    return find_bundle("auto", "qwen2.5-coder", "llamacpp")
 
 
 def replay_set(paths, prompt_set: str, temperature: float, prompt_range, new_drafter,

@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     from redwood.prompts import assistant_turn_ids
 
     turn = assistant_turn_ids(tokenizer)
-    drafter, alone = _drafter(profile, chat_turn=turn), _drafter(profile, False, turn)
+    drafter = _drafter(profile, chat_turn=turn)
+    alone = _drafter(profile, memory=False, chat_turn=turn)
     earlier: list[list[int]] = []          # answers so far in run order (the memory's text)
     rows = []
     for (prompt_set, name), ids in prompts.items():
@@ -247,18 +248,23 @@ def _drafter(profile, memory: bool = True, chat_turn: tuple[int, ...] = (), mode
     profile None: flat costs (every tree size one step: the whole useful trie is drafted)."""
     from redwood.decode.ngram_drafter import COPY_DEPTH, NgramDrafter
     from redwood.decode.ngram_memory import NgramMemory
-    from redwood.measure.bundles import find_bundle
     from redwood.measure.ngram_calibration import acceptance_model
 
-    bundle = find_bundle("auto", "qwen2.5-coder", "llamacpp")
+    target_ms, by_context = (profile.target_ms, profile.target_ms_by_context) \
+        if profile is not None else (None, None)
     # as `serve --drafter ngram` builds it (cli/textgen.use_ngram_drafter), without live costs
-    return NgramDrafter(target_ms=profile.target_ms if profile is not None else None,
-                        target_ms_by_context=profile.target_ms_by_context
-                        if profile is not None else None,
+    return NgramDrafter(target_ms=target_ms, target_ms_by_context=by_context,
                         model=model if model is not None else
-                        acceptance_model(bundle, chat_turn=chat_turn),
+                        acceptance_model(shipped_bundle(), chat_turn=chat_turn),
                         max_length=COPY_DEPTH,
                         memory=NgramMemory(max_tokens=32768) if memory else None)
+
+
+def shipped_bundle():
+    """The shipped pair's llama.cpp bundle (its n-gram calibration: the drafter's priors)."""
+    from redwood.measure.bundles import find_bundle
+
+    return find_bundle("auto", "qwen2.5-coder", "llamacpp")
 
 
 def _total(rows: list[dict], speedup: str) -> float:

@@ -190,58 +190,48 @@ class Tally:
 
 
 def replay(drafter, prompt: list[int], answer: list[int], temperature: float, tally: dict) -> None:
-    """Decode `answer` under the drafter's own proposals, counting into `tally` (Tally's
-    for_prompt) every proposed node verification would try (children of the kept path, in
-    rank order, up to the first one kept) and every drafted step's predicted and kept tokens."""
-    import torch
+    """Decode `answer` under the drafter's own proposals (copy_ceiling.policy_replay's steps),
+    counting into `tally` (Tally's for_prompt) every proposed node verification would try
+    (children of the kept path, in rank order, up to the first one kept) and every drafted
+    step's predicted and kept tokens."""
+    from copy_ceiling import policy_replay
 
-    from redwood.decode.drafter import ChildChooser
-    from redwood.decode.layout import LayoutCache
     from redwood.decode.ngram_acceptance import MATCH_LABELS, node_bucket
-    from redwood.decode.ngram_drafter import COPY_DEPTH
-    from redwood.decode.ngram_trees import ngram_budget_tree
 
     greedy = temperature == 0
-    layout = LayoutCache(torch.device("cpu"))(ngram_budget_tree(depth=COPY_DEPTH))
-    choose = ChildChooser(greedy=True) if greedy else \
-        ChildChooser(greedy=False, temperature=temperature)
-    drafter.prefill(torch.tensor(prompt[:-1]))
-    root, at = prompt[-1], 0
-    while at < len(answer):
-        proposal = drafter.propose(root, layout, choose)
+
+    def count(proposal, kept: list[int]) -> None:
         trie, proposed = drafter._last[0], set(drafter._proposed)
-        kept = _follow(drafter, trie, proposed, answer, at, greedy, tally, MATCH_LABELS)
+        _count_tried(drafter, trie, proposed, kept, greedy, tally, MATCH_LABELS)
         if proposed:
             first = min(proposed, key=lambda u: (trie[u].depth, trie[u].rank))
             row = tally["steps"][MATCH_LABELS[node_bucket(trie[first])]]
             row[0] += proposal.expected_tokens
             row[1] += len(kept) + 1
             row[2] += 1
-        drafter.commit_tokens(kept)
-        at += len(kept) + 1
-        root = answer[at - 1] if at - 1 < len(answer) else root
-    drafter.finish()
+
+    policy_replay(drafter, prompt, answer, None, temperature, on_step=count)
 
 
-def _follow(drafter, trie, proposed: set, answer: list[int], at: int, greedy: bool,
-            tally: dict, labels) -> list[int]:
-    """The drafted tokens the answer keeps from position `at`, counting each tried node with
-    the rate the drafter estimates for its key (before the draft ratio scales whole drafts)."""
-    node, kept = 0, []
-    while True:
+def _count_tried(drafter, trie, proposed: set, kept: list[int], greedy: bool, tally: dict,
+                 labels) -> None:
+    """Count each node verification tries along the kept path (every proposed child of a kept
+    node up to the one kept, all of them below the last) with the rate the drafter estimates
+    for its key (before the draft ratio scales whole drafts)."""
+    node = 0
+    for depth in range(len(kept) + 1):
         hit = None
         for child in (c for c in trie[node].children if c in proposed):
             key = drafter.model.key(greedy, trie[child])
             row = tally["nodes"][key_label(key, labels)]
             row[0] += drafter.estimates.rate(key)
             row[2] += 1
-            if at + len(kept) < len(answer) and trie[child].token == answer[at + len(kept)]:
+            if depth < len(kept) and trie[child].token == kept[depth]:
                 row[1] += 1
                 hit = child
                 break
         if hit is None:
-            return kept
-        kept.append(trie[hit].token)
+            return
         node = hit
 
 

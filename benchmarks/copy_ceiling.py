@@ -165,12 +165,14 @@ def measured_speedup(base: dict, mine: dict) -> float:
     return prompt_ratio(cell(base), cell(mine), "min")
 
 
-def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float],
-                  temperature: float = 0.0) -> dict:
+def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int, float] | None,
+                  temperature: float = 0.0, on_step=None) -> dict:
     """Decode time of `answer` under the n-gram drafter's own choices (see the module doc):
     {"ms", and over the steps that drafted: "steps", "predicted" tokens (the drafter's E(n),
     bonus included), "kept" tokens}. temperature > 0: the drafter sizes its trees with its
-    sampling keys, as it does serving a request at that temperature."""
+    sampling keys, as it does serving a request at that temperature. costs None: no time is
+    counted ("ms" 0). on_step(proposal, kept): called with each step's proposal and the drafted
+    tokens the answer keeps from it, before the drafter commits them."""
     import torch
 
     from redwood.decode.drafter import ChildChooser
@@ -196,13 +198,15 @@ def policy_replay(drafter, prompt: list[int], answer: list[int], costs: dict[int
             if not match:
                 break
             path.append(match[0])
+        if on_step is not None:
+            on_step(proposal, [tokens[u] for u in path[1:]])
         drafter.commit(path, proposal.tokens)
         gained = len(path)                   # accepted drafts + the bonus token
         if len(tokens) > 1:
             drafted["steps"] += 1
             drafted["predicted"] += proposal.expected_tokens
             drafted["kept"] += gained
-        total += measured_ms(costs, len(tokens))
+        total += measured_ms(costs, len(tokens)) if costs is not None else 0.0
         at += gained
         root = text[at - 1] if at - 1 < len(text) else root
     drafter.finish()

@@ -263,10 +263,7 @@ def _cmd_serve(args):
     from redwood.models.runtime import choose_backend
     from redwood.models.shipped import DEFAULT_PAIR
 
-    if args.model is not None and (args.target or args.draft):
-        raise RedwoodError("give either --model or --target/--draft, not both")
-    if not 0 <= args.port < 65536:
-        raise RedwoodError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    _check_serve_args(args)
     pair = None if args.target else (args.model or DEFAULT_PAIR)
     # A tuned bundle (--tree auto or a bundle dir) gives each request the tree tuned for the
     # temperature nearest its own.
@@ -279,7 +276,7 @@ def _cmd_serve(args):
         raise RedwoodError(f"tree {args.tree} does not exist; give a tree JSON (`redwood plan`), "
                            "a bundle directory (`redwood tune`) or 'auto'")
     from redwood.serve.app import ServerConfig, create_app, run_server
-    from redwood.cli.textgen import bundle_drafting, load_engine
+    from redwood.cli.textgen import bundle_drafting
 
     config = ServerConfig(
         model_name=args.served_name or args.model or (Path(args.target).name if args.target
@@ -289,13 +286,42 @@ def _cmd_serve(args):
         host=args.host, port=args.port,
         drafting_for_temperature=None, stream_interval=args.stream_interval)
     model_config = _model_config(args)
+    args.drafter = default_drafter(args.drafter, backend, bool(args.tree) and bundle is None)
+    engine, tokenizer, bundle = _load_serve_engine(args, backend, bundle, model_config)
+    if bundle is not None:
+        config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
+              "port can use the model", file=sys.stderr)
+    batched = getattr(engine, "batched", False)
+    trees = (f"bundle {bundle.directory}" if bundle else
+             "n-gram trees sized per step" if batched and engine.ngram is not None else
+             "trees planned per batch" if batched else f"tree of {len(engine.tree)} nodes")
+    print(f"redwood serve: {config.model_name} ({args.method}, {trees}, {backend} backend) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    run_server(create_app(engine, tokenizer, config), config)
+
+
+def _check_serve_args(args):
+    """The `serve` options that are wrong whatever the machine: refused before any model loads."""
+    if args.model is not None and (args.target or args.draft):
+        raise RedwoodError("give either --model or --target/--draft, not both")
+    if not 0 <= args.port < 65536:
+        raise RedwoodError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if args.max_batch is not None and args.max_batch < 1:
         raise RedwoodError(f"--max-batch must be at least 1, got {args.max_batch}")
     if args.cache_tokens is not None and args.cache_tokens < 0:
         raise RedwoodError(f"--cache-tokens must be at least 0, got {args.cache_tokens}")
     if args.ngram_memory < 0:
         raise RedwoodError(f"--ngram-memory must be at least 0, got {args.ngram_memory}")
-    args.drafter = default_drafter(args.drafter, backend, bool(args.tree) and bundle is None)
+
+
+def _load_serve_engine(args, backend, bundle, model_config):
+    """The engine `serve` runs: the continuous-batching scheduler on llama.cpp (draft model or
+    prompt lookup), else one request at a time. Returns (engine, tokenizer, bundle); the bundle
+    is dropped where drafters size their own trees."""
+    from redwood.cli.textgen import attach_ngram_memory, load_engine
+
     batched_drafters = ("model", "ngram", "auto")
     if args.drafter not in batched_drafters and backend == "llamacpp" \
             and args.max_batch not in (None, 1):
@@ -319,29 +345,17 @@ def _cmd_serve(args):
     else:
         engine, tokenizer = load_engine(model_config)
         engine.prompt_cache = not args.no_prompt_cache
-        from redwood.cli.textgen import attach_ngram_memory
-
         attach_ngram_memory(engine, args.ngram_memory)
         if args.drafter != "model":
             bundle = None                       # n-gram / hybrid drafters size their own trees
-    if bundle is not None:
-        config.drafting_for_temperature = bundle_drafting(bundle, engine, model_config)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
-        print(f"warning: serving on {args.host} without --api-key: anyone who can reach this "
-              "port can use the model", file=sys.stderr)
-    batched = getattr(engine, "batched", False)
-    trees = (f"bundle {bundle.directory}" if bundle else
-             "n-gram trees sized per step" if batched and engine.ngram is not None else
-             "trees planned per batch" if batched else f"tree of {len(engine.tree)} nodes")
-    print(f"redwood serve: {config.model_name} ({args.method}, {trees}, {backend} backend) "
-          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    run_server(create_app(engine, tokenizer, config), config)
+    return engine, tokenizer, bundle
 
 
 # -------------------------------------------------------------------------------------
 
 def _verbs():
-    from redwood.cli.measure import _add_bench, _add_calibrate, _add_profile, _add_tune
+    from redwood.cli.bench import _add_bench
+    from redwood.cli.measure import _add_calibrate, _add_profile, _add_tune
 
     return [_add_plan, _add_export, _add_generate, _add_chat, _add_demo, _add_serve, _add_profile,
             _add_calibrate, _add_tune, _add_bench]

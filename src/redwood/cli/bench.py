@@ -7,7 +7,7 @@ library function; user errors raise RedwoodError.
 from __future__ import annotations
 
 from redwood.bench.server_specs import METHODS
-from redwood.cli.options import _add_model_args, _model_config
+from redwood.cli.options import _add_model_args, _add_quick, _model_config
 from redwood.errors import RedwoodError
 
 
@@ -24,8 +24,7 @@ def _add_bench(sub):
                        "JSON, raw per-prompt JSON, a markdown table and plots under --out-dir. "
                        "--scaling measures tokens per step against tree size.")
     _add_model_args(p)
-    p.add_argument("--quick", action="store_true",
-                   help="tiny random models built in-process: the whole pipeline in seconds")
+    _add_quick(p)
     p.add_argument("--scaling", action="store_true",
                    help="tokens per target forward vs tree budget 1, 2, 4, ... --max-budget")
     p.add_argument("--prompts", type=int, default=None,
@@ -157,5 +156,3 @@ def _cmd_bench(args):
                                  command=_bench_command(args), backend=_bench_backend(args),
                                  **options)
     return run_command(config, _model_config(args), args.acceptance, args.profile, args.scaling)
-
-

@@ -6,17 +6,11 @@ library function; user errors raise RedwoodError.
 """
 from __future__ import annotations
 
-from redwood.cli.options import _add_model_args, _model_config
+from redwood.cli.options import _add_model_args, _add_quick, _model_config
 from redwood.errors import RedwoodError
 
 
 # --- profile / calibrate / tune (tuning issue) -----------------------------------------
-
-def _add_quick(p):
-    p.add_argument("--quick", action="store_true",
-                   help="tiny random models built in-process instead of real ones: runs in "
-                   "seconds (for CI and trying the pipeline)")
-
 
 def _no_tree(args, drafters=("model",)):
     if getattr(args, "drafter", None) is None:

@@ -51,6 +51,12 @@ def _add_model_args(p):
                    "stock: F.linear everywhere")
 
 
+def _add_quick(p):
+    p.add_argument("--quick", action="store_true",
+                   help="tiny random models built in-process instead of real ones: runs in "
+                   "seconds (for CI and trying the pipeline)")
+
+
 def _model_config(args):
     from redwood.cli.textgen import ModelConfig
 
